@@ -1,0 +1,44 @@
+# The two commands of the README: `make serve` and `make test`. Both install what they need.
+PYTHON ?= $(shell command -v python3.13 || command -v python3.12 || command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: install install-test serve test lint typecheck unit bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "agentik needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
+	$(PIP) install -e .[all]
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -e .[test]
+	@touch $@
+
+install: $(VENV)/.installed        ## create .venv with agentik and every backend
+
+install-test: $(VENV)/.installed-test
+
+serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
+	$(BIN)/agentik serve
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install-test
+	$(BIN)/mypy agentik/core agentik/hookspecs.py
+
+unit: install-test
+	$(BIN)/pytest -q
+
+test: lint typecheck unit          ## install what the tests need, then lint, type-check and run the suite
+
+bench: install-test                ## run the benchmarks (see docs/PERFORMANCE.md)
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

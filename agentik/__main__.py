@@ -1,0 +1,3 @@
+from agentik.core.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The small core of agentik: protocol types, turn engine, persistence, plugin manager."""

@@ -1,0 +1,545 @@
+"""The chat agent: conversations, their FIFO of turns, the tool loop, interrupts and errors.
+
+A conversation lives here, not in a transport: transports only call :class:`ChatAgent` and
+:class:`ChatConversation` and serialise their events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from agentik.core.events import EventLog, StreamItem
+from agentik.core.jobs import JobRunner
+from agentik.core.llm import (
+    HistoryItem,
+    LLMBackend,
+    LLMConversation,
+    LLMError,
+    LLMInput,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallRequest,
+    ToolResultInput,
+    Usage,
+    UserInput,
+)
+from agentik.core.store import MemoryStore, Store, utcnow
+from agentik.core.tools import ToolRegistry
+from agentik.core.types import (
+    AgentEvent,
+    AppendText,
+    ContentPart,
+    ConversationInfo,
+    End,
+    Error,
+    Event,
+    ImagePart,
+    Interrupted,
+    InvalidInput,
+    Message,
+    MessageContext,
+    StartReasoning,
+    StartResponse,
+    TokenUsage,
+    ToolCall,
+    ToolResult,
+    content_from_json,
+    content_text,
+    content_to_json,
+)
+
+log = logging.getLogger(__name__)
+
+RESTART_ERROR = "the turn was cut off by a server restart"
+PromptSection = tuple[int, str, Callable[[], str | None]]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class ConversationClosed(Exception):
+    """The conversation was deleted or closed; it takes no more messages."""
+
+
+class _Turn:
+    """What one running turn has done so far (for the interrupt and error paths)."""
+
+    __slots__ = ("open_calls", "text", "user")
+
+    def __init__(self, user: Message) -> None:
+        self.user = user
+        self.text: list[str] = []
+        self.open_calls: dict[str, tuple[str, str]] = {}  # call id -> (tool name, record id)
+
+
+class ChatConversation:
+    supports_image_output = False
+
+    def __init__(self, agent: ChatAgent, info: ConversationInfo) -> None:
+        self.agent = agent
+        self.id = info.id
+        self.title = info.title
+        self.is_temporal = info.is_temporal
+        self.created_at = info.created_at
+        self.updated_at = info.updated_at
+        self._store: Store = agent.temp_store if info.is_temporal else agent.store
+        self._events = EventLog(agent.event_buffer)
+        self._queue: deque[Message] = deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._turn_task: asyncio.Task[None] | None = None
+        self._interrupting = False
+        self._llm: LLMConversation | None = None
+        self._closed = False
+        #: how many live LLM conversations were built for this chat (tests and debugging)
+        self.llm_builds = 0
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    @property
+    def supports_image_input(self) -> bool:
+        caps = self.agent.llm.capabilities or {}
+        return bool(caps.get("image_input"))
+
+    @property
+    def busy(self) -> bool:
+        return self._worker is not None and not self._worker.done()
+
+    def info(self) -> ConversationInfo:
+        return ConversationInfo(
+            self.id, self.title, self.is_temporal, self.created_at, self.updated_at
+        )
+
+    async def send(
+        self, content: Sequence[ContentPart], context: MessageContext | None = None
+    ) -> Message:
+        """Record the user message (durably), queue its turn and return the record."""
+        if self._closed:
+            raise ConversationClosed(f"conversation {self.id} is closed")
+        if not content:
+            raise InvalidInput("content must not be empty")
+        if any(isinstance(p, ImagePart) for p in content) and not self.supports_image_input:
+            raise InvalidInput("this agent's model does not accept image input")
+        payload: dict[str, Any] = {"content": content_to_json(list(content))}
+        if context is not None:
+            payload["context"] = context.to_json()
+        now = utcnow()
+        msg = Message(new_id("msg"), self.id, "user", now, payload)
+        await self._store.append(self.id, [msg], touch=now)
+        self.updated_at = now
+        self._queue.append(msg)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
+        self.agent.publish("ConversationUpdated", self.id)
+        return msg
+
+    async def wait_idle(self) -> None:
+        """Wait until every queued turn has run (for scripts, tests and benchmarks)."""
+        while self._worker is not None and not self._worker.done():
+            await asyncio.wait([self._worker])
+
+    def interrupt(self) -> bool:
+        """Stop the running turn (queued sends still run). False when nothing was running."""
+        task = self._turn_task
+        if task is None or task.done():
+            return False
+        self._interrupting = True
+        task.cancel()
+        return True
+
+    def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+        return self._events.subscribe(after)
+
+    async def get_messages(
+        self, after: str | None = None, offset: int = 0, limit: int = 50
+    ) -> list[Message]:
+        return await self._store.list_messages(self.id, after, offset, limit)
+
+    async def rename(self, title: str | None) -> None:
+        now = utcnow()
+        await self._store.update_conversation(self.id, updated_at=now, title=title, set_title=True)
+        self.title, self.updated_at = title, now
+        self.agent.publish("ConversationUpdated", self.id)
+
+    async def close(self) -> None:
+        """Stop the running turn, drop queued ones and release the live LLM conversation."""
+        self._closed = True
+        self._queue.clear()
+        self.interrupt()
+        if self._worker is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        await self._reset_llm()
+        self._events.close()
+
+    # --- the turn engine --------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        while self._queue and not self._closed:
+            msg = self._queue.popleft()
+            self._interrupting = False
+            self._turn_task = asyncio.create_task(self._run_turn(msg), name=f"turn-{msg.id}")
+            await asyncio.wait([self._turn_task])
+        self._turn_task = None
+
+    def _emit(self, event: Event) -> None:
+        self._events.publish(event)
+
+    async def _write(
+        self,
+        messages: Sequence[Message] = (),
+        memory: Sequence[HistoryItem] = (),
+        turn: _Turn | None = None,
+    ) -> None:
+        # shielded: an interrupt must not cancel a write half-way through the queue
+        await asyncio.shield(
+            self._store.append(self.id, messages, memory, turn_id=turn.user.id if turn else None)
+        )
+
+    async def _live_llm(self) -> LLMConversation:
+        if self._llm is None:
+            rows = await self._store.list_memory(self.id)
+            self._llm = self.agent.llm.create_conversation(
+                self.agent.system_prompt(), [r.item for r in rows], self.agent.tools.specs()
+            )
+            self.llm_builds += 1
+        return self._llm
+
+    async def _reset_llm(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            try:
+                await llm.aclose()
+            except Exception:
+                log.warning("closing the LLM conversation of %s failed", self.id, exc_info=True)
+
+    def _llm_text(self, user: Message) -> str:
+        ctx = user.payload.get("context")
+        prefix = MessageContext.from_json(ctx).llm_prefix() if ctx else ""
+        return prefix + content_text(content_from_json(user.payload["content"]))
+
+    async def _run_turn(self, user: Message) -> None:
+        turn = _Turn(user)
+        self.agent.publish("TurnStarted", self.id)
+        try:
+            await self._turn_body(turn)
+        except asyncio.CancelledError:
+            await self._finish_interrupted(turn)
+        except LLMError as e:
+            await self._fail(turn, e.message, e.code)
+        except Exception as e:
+            log.exception("turn %s of %s failed", user.id, self.id)
+            await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
+        finally:
+            self.agent.publish("TurnEnded", self.id)
+
+    async def _turn_body(self, turn: _Turn) -> None:
+        text = self._llm_text(turn.user)
+        llm = await self._live_llm()
+        await self._write(memory=[HistoryItem("user", text)], turn=turn)
+        extra = await self.agent.before_turn(self, text)
+        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text)]
+        first_input: int | None = None
+        last_total: int | None = None
+        usage_known = True
+        while True:
+            step_text: list[str] = []
+            calls: list[ToolCallRequest] = []
+            started = reasoning = False
+            step_usage: Usage | None = None
+            async for chunk in llm.stream(inputs):
+                if isinstance(chunk, TextDelta):
+                    if not started:
+                        started = True
+                        self._emit(StartResponse())
+                    step_text.append(chunk.text)
+                    turn.text.append(chunk.text)
+                    self._emit(AppendText(chunk.text))
+                elif isinstance(chunk, ReasoningDelta):
+                    if not reasoning:
+                        reasoning = True
+                        self._emit(StartReasoning())
+                    self._emit(AppendText(chunk.text, reasoning=True))
+                elif isinstance(chunk, ToolCallRequest):
+                    calls.append(chunk)
+                elif isinstance(chunk, Usage):
+                    step_usage = chunk
+            if step_usage is None or step_usage.input_tokens is None:
+                usage_known = False
+            elif usage_known:
+                if first_input is None:
+                    first_input = step_usage.input_tokens
+                last_total = step_usage.input_tokens + (step_usage.output_tokens or 0)
+            if not calls:
+                break
+            if step_text:
+                await self._write(memory=[HistoryItem("assistant", "".join(step_text))], turn=turn)
+            inputs = await self._run_tools(turn, calls)
+        tokens = TokenUsage(
+            first_input if usage_known else None,
+            (last_total - first_input)
+            if usage_known and last_total is not None and first_input is not None
+            else None,
+        )
+        await self._finish(turn, step_text, tokens)
+
+    async def _run_tools(self, turn: _Turn, calls: list[ToolCallRequest]) -> list[LLMInput]:
+        results: list[LLMInput] = []
+        for call in calls:
+            record_id = new_id("tc")
+            turn.open_calls[call.call_id] = (call.name, record_id)
+            self._emit(ToolCall(call.call_id, call.name, call.args_json))
+            await self._write(
+                [
+                    Message(
+                        record_id,
+                        self.id,
+                        "tool_call",
+                        utcnow(),
+                        {"callId": call.call_id, "toolName": call.name, "argsJson": call.args_json},
+                    )
+                ],
+                [
+                    HistoryItem(
+                        "tool_call",
+                        call_id=call.call_id,
+                        tool_name=call.name,
+                        args_json=call.args_json,
+                    )
+                ],
+                turn,
+            )
+            text, is_error = await self.agent.tools.invoke(call.name, call.args_json)
+            await self._record_result(turn, call.call_id, text, is_error)
+            results.append(ToolResultInput(call.call_id, call.name, text))
+        return results
+
+    async def _record_result(self, turn: _Turn, call_id: str, text: str, is_error: bool) -> None:
+        name, record_id = turn.open_calls.pop(call_id)
+        result_id = new_id("tr")
+        self._emit(ToolResult(result_id, call_id, text, is_error))
+        await self._write(
+            [
+                Message(
+                    result_id,
+                    self.id,
+                    "tool_result",
+                    utcnow(),
+                    {
+                        "toolCallId": record_id,
+                        "callId": call_id,
+                        "toolName": name,
+                        "text": text,
+                        "isError": is_error,
+                    },
+                )
+            ],
+            [HistoryItem("tool_result", text, call_id=call_id, tool_name=name)],
+            turn,
+        )
+
+    async def _finish(
+        self, turn: _Turn, last_step: list[str], tokens: TokenUsage, interrupted: bool = False
+    ) -> None:
+        payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
+        if interrupted:
+            payload["interrupted"] = True
+        memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
+        await self._write(
+            [Message(new_id("as"), self.id, "assistant", utcnow(), payload)], memory, turn
+        )
+        if interrupted:
+            self._emit(Interrupted())
+        self._emit(End())
+        if not interrupted:
+            self.agent.after_turn(self, self._llm_text(turn.user), payload["text"])
+
+    async def _finish_interrupted(self, turn: _Turn) -> None:
+        if not self._interrupting:
+            log.info("turn %s of %s cancelled by shutdown", turn.user.id, self.id)
+        # the model's stream was cut: its live conversation may be inconsistent
+        await self._reset_llm()
+        for call_id in list(turn.open_calls):
+            await self._record_result(turn, call_id, "Error: interrupted", True)
+        await self._finish(turn, [], TokenUsage(None, None), interrupted=True)
+
+    async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
+        """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
+        await self._reset_llm()
+        await asyncio.shield(
+            self._store.append(
+                self.id,
+                [
+                    Message(
+                        new_id("err"),
+                        self.id,
+                        "error",
+                        utcnow(),
+                        {"message": message, "code": code, "userMessageId": turn.user.id},
+                    )
+                ],
+            )
+        )
+        await asyncio.shield(self._store.rollback_turn(self.id, turn.user.id))
+        self._emit(Error(message, code))
+        self._emit(End())
+
+
+class ChatAgent:
+    """The one agent: owns conversations, the store, the LLM backend and the tools."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        llm: LLMBackend,
+        tools: ToolRegistry | None = None,
+        prompt_sections: Sequence[PromptSection] = (),
+        hooks: Any = None,
+        event_buffer: int = 1024,
+        agent_id: str = "agentik",
+    ) -> None:
+        self.id = agent_id
+        self.store = store
+        self.temp_store = MemoryStore()
+        self.llm = llm
+        self.tools = tools or ToolRegistry()
+        self.prompt_sections = sorted(prompt_sections, key=lambda s: s[0])
+        self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
+        self.event_buffer = event_buffer
+        self.jobs = JobRunner()
+        self._live: dict[str, ChatConversation] = {}
+        self._events = EventLog(event_buffer)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> int:
+        """Open the store and close turns a crash cut off; returns how many were closed."""
+        await self.store.open()
+        dangling = await self.store.dangling_turns()
+        for conversation_id, user_id in dangling:
+            await self.store.append(
+                conversation_id,
+                [
+                    Message(
+                        new_id("err"),
+                        conversation_id,
+                        "error",
+                        utcnow(),
+                        {"message": RESTART_ERROR, "code": "restart", "userMessageId": user_id},
+                    )
+                ],
+            )
+            await self.store.rollback_turn(conversation_id, user_id)
+        if dangling:
+            log.warning("closed %d turn(s) cut off by a restart", len(dangling))
+        return len(dangling)
+
+    def end_streams(self) -> None:
+        """End every live event stream (shutdown): SSE handlers return, clients disconnect."""
+        for conv in self._live.values():
+            conv._events.close()
+        self._events.close()
+
+    async def close(self) -> None:
+        for conv in list(self._live.values()):
+            await conv.close()
+        self._events.close()
+        await self.jobs.close()
+        await self.store.close()
+
+    # --- the protocol -------------------------------------------------------------------------
+
+    async def create_conversation(
+        self, temp: bool = False, title: str | None = None
+    ) -> ChatConversation:
+        now = utcnow()
+        info = ConversationInfo(new_id("conv"), title, temp, now, now)
+        await (self.temp_store if temp else self.store).create_conversation(info)
+        conv = self._live[info.id] = ChatConversation(self, info)
+        self.publish("ConversationCreated", info.id)
+        return conv
+
+    async def get_conversation(self, conversation_id: str) -> ChatConversation | None:
+        conv = self._live.get(conversation_id)
+        if conv is not None:
+            return conv
+        info = await self.store.get_conversation(conversation_id)
+        if info is None:
+            return None
+        return self._live.setdefault(conversation_id, ChatConversation(self, info))
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        conv = self._live.pop(conversation_id, None)
+        if conv is not None:
+            await conv.close()
+        if conv is not None and conv.is_temporal:
+            deleted = await self.temp_store.delete_conversation(conversation_id)
+        else:
+            deleted = await self.store.delete_conversation(conversation_id)
+        if deleted:
+            self.publish("ConversationDeleted", conversation_id)
+        return deleted
+
+    async def list_conversations(self, offset: int = 0, limit: int = 50) -> list[ConversationInfo]:
+        """A page of persisted conversations, most recently updated first."""
+        infos = await self.store.list_conversations(offset, limit)
+        # live objects know a fresher updated_at than a row written before their last send
+        return [self._live[i.id].info() if i.id in self._live else i for i in infos]
+
+    def is_busy(self, conversation_id: str) -> bool:
+        conv = self._live.get(conversation_id)
+        return conv is not None and conv.busy
+
+    async def count_conversations(self) -> int:
+        return await self.store.count_conversations()
+
+    def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+        return self._events.subscribe(after)
+
+    # --- used by conversations ----------------------------------------------------------------
+
+    def publish(self, kind: str, conversation_id: str) -> None:
+        self._events.publish(AgentEvent(kind, conversation_id))
+
+    def system_prompt(self) -> str:
+        parts = []
+        for _order, name, render in self.prompt_sections:
+            try:
+                text = render()
+            except Exception:
+                log.exception("system prompt section %s failed; left out", name)
+                continue
+            if text:
+                parts.append(text.strip())
+        return "\n\n".join(parts)
+
+    async def before_turn(self, conv: ChatConversation, text: str) -> str:
+        if self.hooks is None:
+            return ""
+        blocks = []
+        try:
+            for result in self.hooks.before_turn(conversation=conv, text=text):
+                if isinstance(result, Awaitable):
+                    result = await result
+                if result:
+                    blocks.append(str(result))
+        except Exception:
+            # context enrichment is best effort: the turn goes on without it
+            log.exception("a before_turn hook failed in %s", conv.id)
+        return "\n\n".join(blocks)
+
+    def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:
+        if self.hooks is None:
+            return
+        for result in self.hooks.after_turn(
+            conversation=conv, user_text=user_text, assistant_text=assistant_text
+        ):
+            if isinstance(result, Awaitable):
+                self.jobs.spawn(f"after_turn:{conv.id}", result)

@@ -1,0 +1,75 @@
+"""The core's own plugin: the settings the core reads and the base system prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agentik.core.settings import (
+    Setting,
+    Settings,
+    parse_bool,
+    parse_choice,
+    parse_list,
+    parse_port,
+    parse_positive_float,
+    parse_positive_int,
+)
+from agentik.hookspecs import hookimpl
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Be brief and to the point."
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+CORE_SETTINGS = (
+    Setting("AGENTIK_HOST", "0.0.0.0", str, "Interface the HTTP server binds to."),
+    Setting("AGENTIK_PORT", 8080, parse_port, "Port of the HTTP server (all transports)."),
+    Setting(
+        "AGENTIK_DB_PATH",
+        "./agentik.db",
+        str,
+        "SQLite file for conversations and history; ':memory:' for an in-memory database. "
+        "Missing parent folders are created.",
+    ),
+    Setting(
+        "AGENTIK_LLM_BACKEND", "openai", str.lower, "LLM backend by name (see `agentik plugins`)."
+    ),
+    Setting("AGENTIK_SYSTEM_PROMPT", DEFAULT_SYSTEM_PROMPT, str, "Base system prompt."),
+    Setting("AGENTIK_LOG_LEVEL", "info", parse_choice(*LOG_LEVELS), "Logging level."),
+    Setting(
+        "AGENTIK_EVENT_BUFFER",
+        1024,
+        parse_positive_int,
+        "Events kept per stream for clients resuming with Last-Event-ID.",
+    ),
+    Setting(
+        "AGENTIK_SHUTDOWN_TIMEOUT",
+        5.0,
+        parse_positive_float,
+        "Seconds a graceful shutdown waits for running turns and requests.",
+    ),
+    Setting(
+        "AGENTIK_LOAD_PLUGINS",
+        None,
+        parse_list,
+        "Comma list of plugins (entry points or distributions) to load; empty loads none.",
+    ),
+    Setting("AGENTIK_DISABLE_PLUGINS", (), parse_list, "Comma list of plugins not to load."),
+    Setting(
+        "AGENTIK_STRICT_PLUGINS",
+        False,
+        parse_bool,
+        "1 makes a plugin that fails to load stop start-up (for development and CI).",
+    ),
+)
+
+
+@hookimpl
+def register_settings(register: Callable[[Setting], None]) -> None:
+    for setting in CORE_SETTINGS:
+        register(setting)
+
+
+@hookimpl
+def register_prompt_sections(register: Callable[..., Any], settings: Settings) -> None:
+    prompt = settings["AGENTIK_SYSTEM_PROMPT"]
+    register("base", lambda: prompt, order=100)

@@ -1,0 +1,250 @@
+"""``agentik serve`` and ``agentik plugins``. Kept import-light so ``agentik --help`` is fast."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from agentik.core.plugins import Plugins
+    from agentik.core.settings import Settings
+
+log = logging.getLogger("agentik")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from agentik import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="agentik", description="Self-hosted runtime for one stateful chat agent."
+    )
+    parser.add_argument("--version", action="version", version=f"agentik {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser("serve", help="start the server (configured by AGENTIK_* variables)")
+    serve.add_argument("--host", help="override AGENTIK_HOST")
+    serve.add_argument("--port", type=int, help="override AGENTIK_PORT")
+    plugins = sub.add_parser("plugins", help="list plugins, their settings and what is active")
+    plugins.add_argument("--json", action="store_true", help="print JSON")
+    plugins.add_argument("--settings-table", action="store_true",
+                         help="print every declared setting as a Markdown table (for docs)")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve_command(args.host, args.port)
+    if args.command == "plugins":
+        if args.settings_table:
+            print(settings_table())
+            return 0
+        return plugins_command(args.json)
+    parser.print_help()
+    return 0
+
+
+def fail(message: str) -> int:
+    print(f"agentik: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _bootstrap() -> tuple[Plugins, Settings]:
+    from agentik.core.app import load_settings
+    from agentik.core.plugins import make_plugins
+
+    plugins = make_plugins()
+    return plugins, load_settings(plugins)
+
+
+def serve_command(host: str | None, port: int | None) -> int:
+    from agentik.core.app import StartupError, create_app
+    from agentik.core.settings import SettingsError
+
+    try:
+        plugins, settings = _bootstrap()
+    except SettingsError as e:
+        return fail(str(e))
+    logging.basicConfig(
+        level=settings["AGENTIK_LOG_LEVEL"].upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for info in plugins.infos.values():
+        if info.status == "failed":
+            log.warning("plugin %s failed to load: %s", info.name, info.error)
+    try:
+        app = create_app(settings, plugins)
+    except (StartupError, SettingsError) as e:
+        return fail(str(e))
+    try:
+        asyncio.run(
+            _serve(
+                app,
+                host or settings["AGENTIK_HOST"],
+                settings["AGENTIK_PORT"] if port is None else port,
+                settings["AGENTIK_SHUTDOWN_TIMEOUT"],
+            )
+        )
+    except StartupError as e:
+        return fail(str(e))
+    except OSError as e:
+        return fail(f"cannot listen: {e}")
+    return 0
+
+
+async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
+    from aiohttp import web
+
+    from agentik.core.app import StartupError
+
+    runner = web.AppRunner(
+        app, shutdown_timeout=shutdown_timeout, handle_signals=False, access_log=None
+    )
+    try:
+        await runner.setup()
+    except Exception as e:
+        await runner.cleanup()
+        raise StartupError(f"start-up failed: {e}") from e
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        for line in await banner(app, host, bound):
+            print(line, flush=True)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+    log.info("stopped")
+
+
+async def banner(app: web.Application, host: str, port: int) -> list[str]:
+    from agentik.core.app import AGENT, PLUGINS, SETTINGS
+
+    agent, plugins, settings = app[AGENT], app[PLUGINS], app[SETTINGS]
+    shown = "localhost" if host in ("0.0.0.0", "::", "") else host
+    endpoints = [f"agentik listening on http://{shown}:{port}", "  GET  /health"]
+    lines: list[str] = []
+    for result in plugins.hook.banner_lines(agent=agent, settings=settings):
+        for line in result or ():
+            (endpoints if line.startswith(" ") else lines).append(line)
+    stats = await agent.store.token_stats()
+    convs = await agent.store.count_conversations()
+    return [
+        *endpoints,
+        f"  storage: {settings['AGENTIK_DB_PATH']}",
+        *(f"  {line}" for line in lines),
+        f"  tools: {len(agent.tools)}"
+        + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
+        f"  tokens: {convs} convs, {stats.turns} turns, in={stats.input}, out={stats.output}, "
+        f"total={stats.input + stats.output}",
+    ]
+
+
+def plugins_command(as_json: bool) -> int:
+    from agentik.core.app import declared_settings, registries
+    from agentik.core.plugins import make_plugins
+    from agentik.core.registry import BackendError
+    from agentik.core.settings import SettingsError
+
+    plugins = make_plugins()
+    try:
+        regs = registries(plugins)
+    except BackendError as e:
+        return fail(str(e))
+    declared = declared_settings(plugins)
+    try:
+        from agentik.core.settings import Settings
+
+        settings: dict[str, Any] = dict(Settings(declared))
+        invalid = None
+    except SettingsError as e:
+        settings, invalid = {}, str(e)
+    selected = {"llm": settings.get("AGENTIK_LLM_BACKEND")}
+    report: list[dict[str, Any]] = []
+    for info in plugins.infos.values():
+        backends = [
+            {
+                "kind": b.kind,
+                "name": b.name,
+                "aliases": list(b.aliases),
+                "available": not b.missing_modules(),
+                "selected": selected.get(b.kind) in (b.name, *b.aliases),
+            }
+            for reg in regs.values()
+            for b in reg.backends.values()
+            if b.plugin == info.name
+        ]
+        report.append(
+            {
+                "name": info.name,
+                "dist": info.dist,
+                "version": info.version,
+                "status": info.status,
+                "error": info.error,
+                "hooks": info.hooks,
+                "backends": backends,
+                "settings": [
+                    {
+                        "name": s.name,
+                        "default": None if s.default is None else str(s.default),
+                        "value": "***"
+                        if s.secret and settings.get(s.name)
+                        else _show(settings.get(s.name)),
+                        "help": s.help,
+                    }
+                    for s in declared
+                    if s.plugin == info.name
+                ],
+            }
+        )
+    if as_json:
+        print(json.dumps({"plugins": report, "invalidSettings": invalid}, indent=2))
+        return 0
+    for p in report:
+        version = f" {p['version']}" if p["version"] else ""
+        print(f"{p['name']}{version} [{p['status']}]" + (f": {p['error']}" if p["error"] else ""))
+        if p["hooks"]:
+            print(f"  hooks: {', '.join(p['hooks'])}")
+        for b in p["backends"]:
+            state = (
+                "selected"
+                if b["selected"]
+                else ("available" if b["available"] else "missing its extra")
+            )
+            aliases = f" (aliases: {', '.join(b['aliases'])})" if b["aliases"] else ""
+            print(f"  {b['kind']} backend: {b['name']}{aliases} — {state}")
+        for s in p["settings"]:
+            print(
+                f"  {s['name']}={s['value'] if s['value'] is not None else ''}"
+                f"  (default: {s['default'] or '—'}) {s['help']}"
+            )
+    if invalid:
+        print(f"invalid settings: {invalid}")
+    return 0
+
+
+def _show(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return None if value is None else str(value)
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated from what the plugins declare."""
+    from agentik.core.app import declared_settings
+    from agentik.core.plugins import make_plugins
+
+    rows = ["| Variable | Default | Plugin | Meaning |", "|---|---|---|---|"]
+    for s in declared_settings(make_plugins(env={})):
+        shown = str(int(s.default)) if isinstance(s.default, bool) else _show(s.default)
+        default = "—" if s.default is None or shown == "" else f"`{shown}`"
+        rows.append(f"| `{s.name}` | {default} | {s.plugin} | {s.help} |")
+    return "\n".join(rows)

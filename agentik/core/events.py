@@ -1,0 +1,97 @@
+"""Live event streams with sequence ids, a bounded replay buffer and any number of readers.
+
+Publishing appends to one bounded buffer and wakes the readers; it never waits for them, so a
+slow reader cannot block a turn or the other readers. Each reader keeps its own cursor. A reader
+that falls further behind than the buffer holds gets a :class:`~agentik.core.types.Gap` item
+and goes on from the oldest buffered event; it fills the gap from history.
+
+Sequence ids start at the process's start time in microseconds, so ids from an earlier process
+are always smaller than any id of this one and a client resuming across a restart is replayed
+everything this process still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from itertools import islice
+from typing import Any
+
+from agentik.core.types import Event, Gap
+
+_FIRST_SEQ = time.time_ns() // 1000
+
+
+class StreamItem:
+    """One published event. ``memo`` lets a transport cache its encoding once for all readers."""
+
+    __slots__ = ("event", "memo", "seq")
+
+    def __init__(self, seq: int, event: Event) -> None:
+        self.seq = seq
+        self.event = event
+        self.memo: dict[str, Any] = {}
+
+
+class EventLog:
+    def __init__(self, maxlen: int = 1024) -> None:
+        self._items: deque[StreamItem] = deque(maxlen=maxlen)
+        self._seq = _FIRST_SEQ
+        self._wakeup: asyncio.Future[None] | None = None
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def publish(self, event: Event) -> int:
+        self._seq += 1
+        self._items.append(StreamItem(self._seq, event))
+        self._wake()
+        return self._seq
+
+    def close(self) -> None:
+        """End every reader (shutdown, deleted conversation)."""
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            if not self._wakeup.done():
+                self._wakeup.set_result(None)
+            self._wakeup = None
+
+    def _pending(self, cursor: int) -> list[StreamItem]:
+        if not self._items or cursor >= self._seq:
+            return []
+        first = self._items[0].seq
+        if cursor < first - 1:
+            items = list(self._items)
+            if cursor >= _FIRST_SEQ:  # our own id, evicted: say so before going on
+                items.insert(0, StreamItem(first - 1, Gap(cursor)))
+            return items  # (an id from an earlier process: replay all we hold)
+        return list(islice(self._items, cursor + 1 - first, None))
+
+    async def subscribe(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+        """Yield events published after ``after`` (None: from now on) until the log closes."""
+        cursor = self._seq if after is None else after
+        if cursor > self._seq:
+            cursor = self._seq  # an id this process never issued
+        while True:
+            batch = self._pending(cursor)
+            if batch:
+                for item in batch:
+                    yield item
+                cursor = batch[-1].seq
+                continue
+            if self._closed:
+                return
+            if self._wakeup is None:
+                self._wakeup = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._wakeup)

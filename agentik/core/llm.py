@@ -1,0 +1,132 @@
+"""The LLM backend contract. A custom backend implements these two small classes.
+
+A backend makes long-lived :class:`LLMConversation` objects. The turn engine creates one per
+chat from working memory on the first send and reuses it for later turns (so a backend can keep
+a KV cache); it is dropped and rebuilt after an error, an interrupt, a restart or a compaction.
+
+Each step of a turn is one call to :meth:`LLMConversation.stream` with the new inputs (the
+user's text, or the results of the tool calls the model asked for). The conversation keeps its
+own history: it appends the inputs and its own reply before the next call.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from agentik.core.tools import ToolSpec
+
+
+class LLMError(Exception):
+    """A failed LLM call. ``code`` goes to the Error record (e.g. ``http_503``, ``timeout``)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# --- what the engine feeds a conversation -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserInput:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultInput:
+    call_id: str
+    tool_name: str
+    text: str
+
+
+LLMInput: TypeAlias = UserInput | ToolResultInput
+
+
+# --- what a conversation streams back ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """A complete tool call (a backend accumulates streamed fragments before yielding it)."""
+
+    call_id: str
+    name: str
+    args_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one step, when the backend knows them."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+LLMChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallRequest | Usage
+
+
+# --- working memory, as handed to a backend when it builds a conversation -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    """One working-memory entry: ``role`` is user|assistant|tool_call|tool_result|summary."""
+
+    role: str
+    text: str = ""
+    call_id: str | None = None
+    tool_name: str | None = None
+    args_json: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLMConversation(abc.ABC):
+    """A live, stateful conversation with the model."""
+
+    @abc.abstractmethod
+    def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        """Send ``inputs`` and stream the reply; raise :class:`LLMError` on failure."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook with a no-op default
+        """Release what the conversation holds (a KV cache, a native handle)."""
+
+
+class LLMBackend(abc.ABC):
+    """A model provider: makes conversations and answers one-shot prompts."""
+
+    #: Shown in the start-up banner, e.g. ``openai gpt-4o-mini @ http://…``.
+    description: str = ""
+    #: What the model can do (modalities, thinking, function calling), or None if unknown.
+    capabilities: dict[str, Any] | None = None
+    #: Context window in tokens, if configured or read from the model (used by compaction).
+    context_window: int | None = None
+
+    async def start(self) -> None:  # noqa: B027 - optional hook with a no-op default
+        """Open clients or load the model; called once before the server accepts requests."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook with a no-op default
+        """Close clients or the engine; called once at shutdown."""
+
+    @abc.abstractmethod
+    def create_conversation(
+        self, system_prompt: str, history: Sequence[HistoryItem], tools: Sequence[ToolSpec]
+    ) -> LLMConversation:
+        """Start a conversation that already holds ``history`` (from working memory)."""
+
+    @abc.abstractmethod
+    async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
+        """One-shot completion without tools (summaries, reflection, mining, memory review)."""

@@ -1,0 +1,56 @@
+"""The tables. ``message`` is the append-only audit log (a trigger refuses updates);
+``working_memory`` is the mutable LLM context; both cascade with their conversation."""
+
+from __future__ import annotations
+
+import peewee
+
+
+class BaseModel(peewee.Model):
+    class Meta:
+        legacy_table_names = False
+
+
+class Conversation(BaseModel):
+    id = peewee.TextField(primary_key=True)
+    title = peewee.TextField(null=True)
+    created_at = peewee.TextField()
+    updated_at = peewee.TextField(index=True)
+
+
+class Message(BaseModel):
+    seq = peewee.AutoField()
+    id = peewee.TextField(unique=True)
+    conversation = peewee.ForeignKeyField(
+        Conversation, column_name="conversation_id", on_delete="CASCADE"
+    )
+    kind = peewee.TextField()
+    created_at = peewee.TextField()
+    payload_json = peewee.TextField()
+
+    class Meta:
+        indexes = ((("conversation", "seq"), False),)
+
+
+class WorkingMemory(BaseModel):
+    id = peewee.AutoField()
+    conversation = peewee.ForeignKeyField(
+        Conversation, column_name="conversation_id", on_delete="CASCADE"
+    )
+    order_idx = peewee.IntegerField()
+    turn_id = peewee.TextField(null=True)
+    role = peewee.TextField()
+    payload_json = peewee.TextField()
+    created_at = peewee.TextField()
+
+    class Meta:
+        table_name = "working_memory"
+        indexes = ((("conversation", "order_idx"), False),)
+
+
+MODELS: list[type[peewee.Model]] = [Conversation, Message, WorkingMemory]
+
+APPEND_ONLY_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS message_append_only BEFORE UPDATE ON message
+BEGIN SELECT RAISE(ABORT, 'message is an append-only audit log'); END
+"""

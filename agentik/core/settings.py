@@ -1,0 +1,151 @@
+"""Declared settings, parsed once from the environment and validated together.
+
+The core and every plugin declare what they read (``register_settings``); start-up parses all
+of them at once: blank or missing means the default, and an invalid value stops start-up with
+one line naming the variable. Plugins never read ``os.environ`` themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class SettingsError(Exception):
+    """An invalid or missing setting; the message names the variable."""
+
+
+def parse_int(raw: str) -> int:
+    return int(raw)
+
+
+def parse_positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def parse_non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+def parse_port(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number (0-65535)")
+    return value
+
+
+def parse_fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1:
+        raise ValueError("must be a number in (0, 1]")
+    return value
+
+
+def parse_positive_float(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be 1/0, true/false, yes/no or on/off")
+
+
+def parse_list(raw: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def parse_url(raw: str) -> str:
+    value = raw.strip()
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def parse_path(raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One environment variable: its name, default, parser and a line of help."""
+
+    name: str
+    default: Any = None
+    parse: Callable[[str], Any] = str
+    help: str = ""
+    secret: bool = False
+    plugin: str | None = None
+
+    def describe_default(self) -> str:
+        return "—" if self.default is None else str(self.default)
+
+
+class Settings(Mapping[str, Any]):
+    """Parsed values by variable name. Use ``settings["AGENTIK_PORT"]``."""
+
+    def __init__(self, declared: Iterable[Setting], env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.declared: dict[str, Setting] = {}
+        values: dict[str, Any] = {}
+        errors: list[str] = []
+        for s in declared:
+            if s.name in self.declared:
+                continue  # the first declaration wins; a shared variable is declared by both
+            self.declared[s.name] = s
+            raw = env.get(s.name, "")
+            if not raw.strip():
+                values[s.name] = s.default
+                continue
+            try:
+                values[s.name] = s.parse(raw.strip())
+            except (ValueError, TypeError) as e:
+                # a parser's message may quote the value: never show a secret's
+                errors.append(
+                    f"{s.name}=*** is invalid"
+                    if s.secret
+                    else f"{s.name}={raw.strip()!r} is invalid: {e}"
+                )
+        if errors:
+            raise SettingsError("; ".join(errors))
+        self._values = values
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Any:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def require(self, *names: str, hint: str = "") -> None:
+        """Fail with one line naming every missing variable (for settings a backend needs)."""
+        missing = [n for n in names if self._values.get(n) in (None, "")]
+        if missing:
+            raise SettingsError(f"{', '.join(missing)} must be set" + (f". {hint}" if hint else ""))

@@ -1,0 +1,482 @@
+"""Where conversations live: an interface, its SQLite implementation and an in-memory one.
+
+The agent only talks to :class:`Store`, so another database (PostgreSQL through peewee) can
+replace SQLite without touching the turn engine. Temporary conversations use
+:class:`MemoryStore` and are never written to disk.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from agentik.core import models
+from agentik.core.db import Database
+from agentik.core.llm import HistoryItem
+from agentik.core.types import ConversationInfo, InvalidInput, Message, MessageKind
+
+TERMINAL_KINDS = ("assistant", "error")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(dt: datetime) -> str:
+    return dt.isoformat()
+
+
+def _dt(raw: str) -> datetime:
+    return datetime.fromisoformat(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """A working-memory entry with its position and the turn that wrote it."""
+
+    order_idx: int
+    turn_id: str | None
+    item: HistoryItem
+
+
+def _item_json(item: HistoryItem) -> str:
+    data = {k: v for k, v in asdict(item).items() if v not in (None, "", {}) and k != "role"}
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _item_from(role: str, raw: str) -> HistoryItem:
+    return HistoryItem(role=role, **json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStats:
+    turns: int
+    input: int
+    output: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "turns": self.turns,
+            "input": self.input,
+            "output": self.output,
+            "total": self.input + self.output,
+        }
+
+
+class Store(abc.ABC):
+    """Conversations, their audit log and their working memory."""
+
+    async def open(self) -> None:  # noqa: B027 - optional
+        """Create tables; called once before use."""
+
+    async def close(self) -> None:  # noqa: B027 - optional
+        """Flush and close."""
+
+    # conversations
+    @abc.abstractmethod
+    async def create_conversation(self, info: ConversationInfo) -> None: ...
+    @abc.abstractmethod
+    async def get_conversation(self, conversation_id: str) -> ConversationInfo | None: ...
+    @abc.abstractmethod
+    async def list_conversations(self, offset: int, limit: int) -> list[ConversationInfo]: ...
+    @abc.abstractmethod
+    async def count_conversations(self) -> int: ...
+    @abc.abstractmethod
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        updated_at: datetime,
+        title: str | None = None,
+        set_title: bool = False,
+    ) -> None: ...
+    @abc.abstractmethod
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete a conversation with its messages and working memory (cascade)."""
+
+    # audit log + working memory, written together so a turn is never half-recorded
+    @abc.abstractmethod
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Message] = (),
+        memory: Sequence[HistoryItem] = (),
+        *,
+        turn_id: str | None = None,
+        touch: datetime | None = None,
+    ) -> None:
+        """Append audit records and working-memory entries in one transaction."""
+
+    @abc.abstractmethod
+    async def list_messages(
+        self, conversation_id: str, after: str | None, offset: int, limit: int
+    ) -> list[Message]:
+        """A page of the audit log, oldest first; ``after`` is a message id (exclusive)."""
+
+    @abc.abstractmethod
+    async def list_memory(self, conversation_id: str) -> list[MemoryRow]: ...
+    @abc.abstractmethod
+    async def clear_memory(self, conversation_id: str) -> None: ...
+    @abc.abstractmethod
+    async def rollback_turn(self, conversation_id: str, turn_id: str) -> None:
+        """Drop the working-memory entries a failed turn wrote."""
+
+    @abc.abstractmethod
+    async def compact_memory(
+        self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
+    ) -> None:
+        """Atomically replace entries before ``drop_before_idx`` by one summary entry."""
+
+    @abc.abstractmethod
+    async def dangling_turns(self) -> list[tuple[str, str]]:
+        """(conversation id, user message id) of turns that never got an Assistant/Error."""
+
+    @abc.abstractmethod
+    async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
+
+
+# --- SQLite -------------------------------------------------------------------------------
+
+_INSERT_MESSAGE = (
+    "INSERT INTO message (id, conversation_id, kind, created_at, payload_json) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_MEMORY = (
+    "INSERT INTO working_memory (conversation_id, order_idx, turn_id, role, payload_json, "
+    "created_at) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+class SqliteStore(Store):
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def open(self) -> None:
+        await self.db.open(models.MODELS)
+        await self.db.write(lambda: self.db.execute(models.APPEND_ONLY_TRIGGER))
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    @staticmethod
+    def _info(row: Sequence[Any]) -> ConversationInfo:
+        return ConversationInfo(row[0], row[1], False, _dt(row[2]), _dt(row[3]))
+
+    async def create_conversation(self, info: ConversationInfo) -> None:
+        await self.db.write(
+            lambda: self.db.execute(
+                "INSERT INTO conversation (id, title, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                (info.id, info.title, _ts(info.created_at), _ts(info.updated_at)),
+            )
+        )
+
+    async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
+        def q() -> ConversationInfo | None:
+            row = self.db.execute(
+                "SELECT id, title, created_at, updated_at FROM conversation WHERE id = ?",
+                (conversation_id,),
+            ).fetchone()
+            return self._info(row) if row else None
+
+        return await self.db.read(q)
+
+    async def list_conversations(self, offset: int, limit: int) -> list[ConversationInfo]:
+        def q() -> list[ConversationInfo]:
+            rows = self.db.execute(
+                "SELECT id, title, created_at, updated_at FROM conversation "
+                "ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
+            return [self._info(r) for r in rows]
+
+        return await self.db.read(q)
+
+    async def count_conversations(self) -> int:
+        return cast(
+            int,
+            await self.db.read(
+                lambda: self.db.execute("SELECT count(*) FROM conversation").fetchone()[0]
+            ),
+        )
+
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        updated_at: datetime,
+        title: str | None = None,
+        set_title: bool = False,
+    ) -> None:
+        if set_title:
+            sql = "UPDATE conversation SET updated_at = ?, title = ? WHERE id = ?"
+            params: tuple[Any, ...] = (_ts(updated_at), title, conversation_id)
+        else:
+            sql = "UPDATE conversation SET updated_at = ? WHERE id = ?"
+            params = (_ts(updated_at), conversation_id)
+        await self.db.write(lambda: self.db.execute(sql, params))
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        def q() -> bool:
+            cur = self.db.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
+            return bool(cur.rowcount)
+
+        return await self.db.write(q)
+
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Message] = (),
+        memory: Sequence[HistoryItem] = (),
+        *,
+        turn_id: str | None = None,
+        touch: datetime | None = None,
+    ) -> None:
+        def q() -> None:
+            for m in messages:
+                self.db.execute(
+                    _INSERT_MESSAGE,
+                    (
+                        m.id,
+                        conversation_id,
+                        m.kind,
+                        _ts(m.created_at),
+                        json.dumps(m.payload, ensure_ascii=False),
+                    ),
+                )
+            if memory:
+                row = self.db.execute(
+                    "SELECT coalesce(max(order_idx), -1) FROM working_memory "
+                    "WHERE conversation_id = ?",
+                    (conversation_id,),
+                ).fetchone()
+                now = _ts(utcnow())
+                for i, item in enumerate(memory, start=row[0] + 1):
+                    self.db.execute(
+                        _INSERT_MEMORY,
+                        (
+                            conversation_id,
+                            i,
+                            turn_id,
+                            item.role,
+                            _item_json(item),
+                            now,
+                        ),
+                    )
+            if touch is not None:
+                self.db.execute(
+                    "UPDATE conversation SET updated_at = ? WHERE id = ?",
+                    (_ts(touch), conversation_id),
+                )
+
+        await self.db.write(q)
+
+    async def list_messages(
+        self, conversation_id: str, after: str | None, offset: int, limit: int
+    ) -> list[Message]:
+        def q() -> list[Message]:
+            after_seq = 0
+            if after is not None:
+                row = self.db.execute(
+                    "SELECT seq FROM message WHERE id = ? AND conversation_id = ?",
+                    (after, conversation_id),
+                ).fetchone()
+                if row is None:
+                    raise InvalidInput(f"after: no message {after!r} in this conversation")
+                after_seq = row[0]
+            rows = self.db.execute(
+                "SELECT id, kind, created_at, payload_json FROM message "
+                "WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?",
+                (conversation_id, after_seq, limit, offset),
+            ).fetchall()
+            return [
+                Message(r[0], conversation_id, cast(MessageKind, r[1]), _dt(r[2]), json.loads(r[3]))
+                for r in rows
+            ]
+
+        return await self.db.read(q)
+
+    async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
+        def q() -> list[MemoryRow]:
+            rows = self.db.execute(
+                "SELECT order_idx, turn_id, role, payload_json FROM working_memory "
+                "WHERE conversation_id = ? ORDER BY order_idx",
+                (conversation_id,),
+            ).fetchall()
+            return [MemoryRow(r[0], r[1], _item_from(r[2], r[3])) for r in rows]
+
+        return await self.db.read(q)
+
+    async def clear_memory(self, conversation_id: str) -> None:
+        await self.db.write(
+            lambda: self.db.execute(
+                "DELETE FROM working_memory WHERE conversation_id = ?", (conversation_id,)
+            )
+        )
+
+    async def rollback_turn(self, conversation_id: str, turn_id: str) -> None:
+        await self.db.write(
+            lambda: self.db.execute(
+                "DELETE FROM working_memory WHERE conversation_id = ? AND turn_id = ?",
+                (conversation_id, turn_id),
+            )
+        )
+
+    async def compact_memory(
+        self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
+    ) -> None:
+        def q() -> None:
+            self.db.execute(
+                "DELETE FROM working_memory WHERE conversation_id = ? AND order_idx < ?",
+                (conversation_id, drop_before_idx),
+            )
+            # the summary takes the slot just before the kept entries, so order is preserved
+            self.db.execute(
+                _INSERT_MEMORY,
+                (
+                    conversation_id,
+                    drop_before_idx - 1,
+                    None,
+                    summary.role,
+                    _item_json(summary),
+                    _ts(utcnow()),
+                ),
+            )
+
+        await self.db.write(q)
+
+    async def dangling_turns(self) -> list[tuple[str, str]]:
+        def q() -> list[tuple[str, str]]:
+            rows = self.db.execute(
+                "SELECT m.conversation_id, m.id FROM message m "
+                "WHERE m.kind = 'user' AND m.seq > coalesce(("
+                "  SELECT max(t.seq) FROM message t WHERE t.conversation_id = m.conversation_id"
+                "  AND t.kind IN ('assistant', 'error')), 0) ORDER BY m.seq"
+            ).fetchall()
+            return [(r[0], r[1]) for r in rows]
+
+        return await self.db.read(q)
+
+    async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
+        def q() -> TokenStats:
+            sql = (
+                "SELECT count(*), coalesce(sum(json_extract(payload_json, '$.tokens.input')), 0),"
+                " coalesce(sum(json_extract(payload_json, '$.tokens.output')), 0) "
+                "FROM message WHERE kind = 'assistant'"
+            )
+            params: tuple[Any, ...] = ()
+            if conversation_id is not None:
+                sql += " AND conversation_id = ?"
+                params = (conversation_id,)
+            turns, tin, tout = self.db.execute(sql, params).fetchone()
+            return TokenStats(turns, tin, tout)
+
+        return await self.db.read(q)
+
+
+# --- in memory (temporary conversations) --------------------------------------------------
+
+
+class MemoryStore(Store):
+    """Keeps everything in dicts; used for temporary conversations."""
+
+    def __init__(self) -> None:
+        self._convs: dict[str, ConversationInfo] = {}
+        self._messages: dict[str, list[Message]] = {}
+        self._memory: dict[str, list[MemoryRow]] = {}
+
+    async def create_conversation(self, info: ConversationInfo) -> None:
+        self._convs[info.id] = info
+        self._messages[info.id] = []
+        self._memory[info.id] = []
+
+    async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
+        return self._convs.get(conversation_id)
+
+    async def list_conversations(self, offset: int, limit: int) -> list[ConversationInfo]:
+        ordered = sorted(self._convs.values(), key=lambda c: c.updated_at, reverse=True)
+        return ordered[offset : offset + limit]
+
+    async def count_conversations(self) -> int:
+        return len(self._convs)
+
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        updated_at: datetime,
+        title: str | None = None,
+        set_title: bool = False,
+    ) -> None:
+        old = self._convs[conversation_id]
+        self._convs[conversation_id] = ConversationInfo(
+            old.id, title if set_title else old.title, old.is_temporal, old.created_at, updated_at
+        )
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        self._messages.pop(conversation_id, None)
+        self._memory.pop(conversation_id, None)
+        return self._convs.pop(conversation_id, None) is not None
+
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Message] = (),
+        memory: Sequence[HistoryItem] = (),
+        *,
+        turn_id: str | None = None,
+        touch: datetime | None = None,
+    ) -> None:
+        self._messages[conversation_id].extend(messages)
+        rows = self._memory[conversation_id]
+        start = rows[-1].order_idx + 1 if rows else 0
+        rows.extend(MemoryRow(i, turn_id, item) for i, item in enumerate(memory, start=start))
+        if touch is not None:
+            await self.update_conversation(conversation_id, updated_at=touch)
+
+    async def list_messages(
+        self, conversation_id: str, after: str | None, offset: int, limit: int
+    ) -> list[Message]:
+        msgs = self._messages.get(conversation_id, [])
+        if after is not None:
+            ids = [m.id for m in msgs]
+            if after not in ids:
+                raise InvalidInput(f"after: no message {after!r} in this conversation")
+            msgs = msgs[ids.index(after) + 1 :]
+        return msgs[offset : offset + limit]
+
+    async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
+        return list(self._memory.get(conversation_id, []))
+
+    async def clear_memory(self, conversation_id: str) -> None:
+        self._memory[conversation_id] = []
+
+    async def rollback_turn(self, conversation_id: str, turn_id: str) -> None:
+        self._memory[conversation_id] = [
+            r for r in self._memory[conversation_id] if r.turn_id != turn_id
+        ]
+
+    async def compact_memory(
+        self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
+    ) -> None:
+        kept = [r for r in self._memory[conversation_id] if r.order_idx >= drop_before_idx]
+        self._memory[conversation_id] = [MemoryRow(drop_before_idx - 1, None, summary), *kept]
+
+    async def dangling_turns(self) -> list[tuple[str, str]]:
+        return []
+
+    async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
+        turns = tin = tout = 0
+        for cid, msgs in self._messages.items():
+            if conversation_id is not None and cid != conversation_id:
+                continue
+            for m in msgs:
+                if m.kind == "assistant":
+                    turns += 1
+                    tokens = m.payload.get("tokens") or {}
+                    tin += tokens.get("input") or 0
+                    tout += tokens.get("output") or 0
+        return TokenStats(turns, tin, tout)

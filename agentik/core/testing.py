@@ -1,0 +1,133 @@
+"""Helpers for testing agentik and its plugins.
+
+``make_app`` builds a server from exactly the plugins you name (installed entry points are not
+loaded unless asked), ``temporary_plugin`` registers a plugin around a block, and
+:class:`ScriptedLLM` / :class:`EchoLLM` are in-process LLM backends::
+
+    async def test_my_tool(aiohttp_client):
+        llm = ScriptedLLM([ToolCallRequest("c1", "my_tool", "{}")], ["done"])
+        client = await aiohttp_client(make_app(llm=llm, plugins=[("my_plugin", my_plugin)]))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from agentik.core.app import create_app, load_settings
+from agentik.core.llm import (
+    HistoryItem,
+    LLMBackend,
+    LLMChunk,
+    LLMConversation,
+    LLMError,
+    LLMInput,
+    TextDelta,
+    ToolResultInput,
+    Usage,
+    UserInput,
+)
+from agentik.core.plugins import Plugins, make_plugins
+from agentik.core.tools import ToolSpec
+
+Step = Sequence[LLMChunk | str] | LLMError
+
+
+class ScriptedConversation(LLMConversation):
+    def __init__(self, backend: ScriptedLLM, history: Sequence[HistoryItem]) -> None:
+        self.backend = backend
+        self.history = list(history)
+
+    async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        self.backend.received.append(list(inputs))
+        step = self.backend.steps.pop(0) if self.backend.steps else self.backend.default(inputs)
+        if isinstance(step, LLMError):
+            raise step
+        for chunk in step:
+            if self.backend.delay:
+                await asyncio.sleep(self.backend.delay)
+            yield TextDelta(chunk) if isinstance(chunk, str) else chunk
+
+    async def aclose(self) -> None:
+        self.backend.closed += 1
+
+
+class ScriptedLLM(LLMBackend):
+    """Plays back scripted steps: each step is a list of chunks (a str is a text delta) or an
+    :class:`LLMError` to raise. When the script runs out it echoes the last input."""
+
+    description = "scripted"
+
+    def __init__(self, *steps: Step, delay: float = 0.0) -> None:
+        self.steps: list[Step] = list(steps)
+        self.delay = delay
+        self.received: list[list[LLMInput]] = []
+        self.conversations: list[ScriptedConversation] = []
+        self.closed = 0
+        self.prompts: list[str] = []
+
+    def default(self, inputs: Sequence[LLMInput]) -> Step:
+        last = inputs[-1] if inputs else UserInput("")
+        text = last.text if isinstance(last, UserInput | ToolResultInput) else ""
+        return [f"echo: {text}", Usage(len(text), 2)]
+
+    def create_conversation(
+        self, system_prompt: str, history: Sequence[HistoryItem], tools: Sequence[ToolSpec]
+    ) -> LLMConversation:
+        self.prompts.append(system_prompt)
+        conv = ScriptedConversation(self, history)
+        self.conversations.append(conv)
+        return conv
+
+    async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
+        return f"echo: {prompt}"
+
+
+class EchoLLM(ScriptedLLM):
+    """Answers every turn with ``echo: <the user's text>``."""
+
+    description = "echo"
+
+
+def test_plugins(
+    plugins: Iterable[tuple[str, Any]] = (),
+    *,
+    builtins: Iterable[str] = ("agentik_transport_http",),
+    load_entrypoints: bool = False,
+) -> Plugins:
+    """A fresh plugin manager with the core, the named built-ins and ``plugins``."""
+    extra = [(name, importlib.import_module(name)) for name in builtins]
+    return make_plugins(load_entrypoints=load_entrypoints, extra=[*extra, *plugins], env={})
+
+
+def make_app(
+    *,
+    llm: LLMBackend | None = None,
+    plugins: Iterable[tuple[str, Any]] = (),
+    env: Mapping[str, str] | None = None,
+    builtins: Iterable[str] = ("agentik_transport_http",),
+    load_entrypoints: bool = False,
+) -> web.Application:
+    """A server for tests: an in-memory database and ``EchoLLM`` unless told otherwise."""
+    env = {"AGENTIK_DB_PATH": ":memory:", **(env or {})}
+    pm = test_plugins(plugins, builtins=builtins, load_entrypoints=load_entrypoints)
+    return create_app(load_settings(pm, env), pm, llm=llm if llm is not None else EchoLLM())
+
+
+@contextlib.contextmanager
+def temporary_plugin(plugins: Plugins, plugin: Any, name: str) -> Iterator[Any]:
+    """Register ``plugin`` for the duration of a block."""
+    plugins.add(plugin, name)
+    try:
+        yield plugin
+    finally:
+        plugins.remove(name)
+
+
+__all__ = ["EchoLLM", "ScriptedLLM", "make_app", "temporary_plugin", "test_plugins"]
+test_plugins.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

@@ -1,0 +1,145 @@
+"""In-agent tools: what a plugin registers through ``register_tools``.
+
+A tool's function takes the decoded JSON arguments as keyword arguments and returns text
+(anything else is JSON-encoded). ``async def`` functions are awaited; plain functions run on
+the event loop, so a tool doing blocking I/O should be ``async`` or use a thread itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What the model sees: a function name, a description and a JSON schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    spec: ToolSpec
+    fn: Callable[..., Any]
+    plugin: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+) -> Any:
+    """Make a :class:`Tool` from a function; the schema defaults to its annotated arguments.
+
+    ``@tool`` or ``@tool(name=..., description=..., parameters=...)``.
+    """
+
+    def build(f: Callable[..., Any]) -> Tool:
+        schema = parameters if parameters is not None else _schema_from_signature(f)
+        doc = description if description is not None else inspect.getdoc(f) or ""
+        return Tool(ToolSpec(name or f.__name__, doc, schema), f)
+
+    return build(fn) if fn is not None else build
+
+
+_JSON_TYPES = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+
+
+def _schema_from_signature(fn: Callable[..., Any]) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for p in inspect.signature(fn, eval_str=True).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        props[p.name] = {"type": _JSON_TYPES.get(p.annotation, "string")}
+        if p.default is p.empty:
+            required.append(p.name)
+    return {"type": "object", "properties": props, "required": required}
+
+
+class ToolError(Exception):
+    """Raise from a tool to give the model an error result with this message."""
+
+
+class ToolRegistry:
+    """The tools of the agent, by name. Invoking never raises: failures become error text."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: Tool) -> None:
+        if not TOOL_NAME.match(t.name):
+            raise ValueError(f"tool name {t.name!r} must match {TOOL_NAME.pattern}")
+        if t.name in self._tools:
+            other = self._tools[t.name].plugin
+            raise ValueError(f"tool {t.name!r} registered twice (by {other} and {t.plugin})")
+        self._tools[t.name] = t
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    async def invoke(self, name: str, args_json: str) -> tuple[str, bool]:
+        """Run a tool; return ``(text, is_error)``. Unknown tools and bad JSON are errors."""
+        t = self._tools.get(name)
+        if t is None:
+            return f"Error: unknown tool {name!r}", True
+        try:
+            args = json.loads(args_json) if args_json.strip() else {}
+        except ValueError as e:
+            return f"Error: arguments are not valid JSON ({e})", True
+        if not isinstance(args, dict):
+            return "Error: arguments must be a JSON object", True
+        try:
+            result = t.fn(**args)
+            if inspect.isawaitable(result):
+                result = await _await(result)
+        except ToolError as e:
+            return f"Error: {e}", True
+        except TypeError as e:
+            return f"Error: bad arguments for {name}: {e}", True
+        except Exception as e:
+            log.warning("tool %s raised", name, exc_info=True)
+            return f"Error: {type(e).__name__}: {e}", True
+        if isinstance(result, str):
+            return result, False
+        return json.dumps(result, ensure_ascii=False, default=str), False
+
+
+async def _await(value: Awaitable[Any]) -> Any:
+    return await value

@@ -1,0 +1,333 @@
+"""Protocol value types: content parts, message context, turn events and history messages.
+
+They are plain frozen dataclasses with ``to_json``/``from_json`` in the camelCase shape the
+HTTP API uses. Persistence stores the same JSON, so records never depend on a transport.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, Literal, TypeAlias
+
+JSON: TypeAlias = dict[str, Any]
+
+
+class InvalidInput(ValueError):
+    """Raised for user input that breaks the protocol; transports answer it with a 400."""
+
+
+# --- content -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    body: str
+    type: ClassVar[str] = "text"
+
+    def to_json(self) -> JSON:
+        return {"type": "text", "body": self.body}
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image given inline (base64 ``data``) or by ``url``; v1 backends refuse it clearly."""
+
+    mime_type: str
+    data: str | None = None
+    url: str | None = None
+    type: ClassVar[str] = "image"
+
+    def to_json(self) -> JSON:
+        out: JSON = {"type": "image", "mimeType": self.mime_type}
+        if self.data is not None:
+            out["data"] = self.data
+        if self.url is not None:
+            out["url"] = self.url
+        return out
+
+
+ContentPart: TypeAlias = TextPart | ImagePart
+
+
+def _require_str(obj: JSON, key: str, where: str, *, optional: bool = False) -> str | None:
+    value = obj.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{where}.{key} must be a string")
+    return value
+
+
+_PART_FIELDS = {"text": {"type", "body"}, "image": {"type", "mimeType", "data", "url"}}
+
+
+def content_from_json(raw: Any) -> list[ContentPart]:
+    """Parse a list of content parts, raising :class:`InvalidInput` with the bad path."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInput("content must be a non-empty array of content parts")
+    parts: list[ContentPart] = []
+    for i, item in enumerate(raw):
+        where = f"content[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{where} must be an object")
+        kind = item.get("type")
+        unknown = set(item) - _PART_FIELDS.get(str(kind), set(item))
+        if unknown:
+            raise InvalidInput(f"{where} has unknown fields: {', '.join(sorted(unknown))}")
+        if kind == "text":
+            body = _require_str(item, "body", where)
+            assert body is not None
+            parts.append(TextPart(body))
+        elif kind == "image":
+            mime = _require_str(item, "mimeType", where)
+            data = _require_str(item, "data", where, optional=True)
+            url = _require_str(item, "url", where, optional=True)
+            if (data is None) == (url is None):
+                raise InvalidInput(f"{where} needs exactly one of 'data' or 'url'")
+            if data is not None:
+                try:
+                    base64.b64decode(data, validate=True)
+                except binascii.Error:
+                    raise InvalidInput(f"{where}.data must be base64") from None
+            assert mime is not None
+            parts.append(ImagePart(mime, data=data, url=url))
+        else:
+            raise InvalidInput(f"{where}.type must be 'text' or 'image', got {kind!r}")
+    return parts
+
+
+def content_to_json(parts: list[ContentPart]) -> list[JSON]:
+    return [p.to_json() for p in parts]
+
+
+def content_text(parts: list[ContentPart]) -> str:
+    return "\n".join(p.body for p in parts if isinstance(p, TextPart))
+
+
+# --- message context (F4) -----------------------------------------------------------------
+
+Origin: TypeAlias = Literal["user", "system", "event"]
+ORIGINS: tuple[Origin, ...] = ("user", "system", "event")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageContext:
+    """Who or what started a turn. ``metadata`` is kept for audit and never reaches the LLM."""
+
+    origin: Origin = "user"
+    description: str | None = None
+    source_id: str | None = None
+    metadata: JSON | None = None
+
+    def __post_init__(self) -> None:
+        if self.origin not in ORIGINS:
+            raise InvalidInput(f"context.origin must be one of {', '.join(ORIGINS)}")
+        if self.origin != "user" and not (self.description and self.description.strip()):
+            raise InvalidInput(f"context.description is required for origin {self.origin!r}")
+
+    def llm_prefix(self) -> str:
+        """The line put before the user text for non-user origins, e.g. ``[EVENT] …``."""
+        if self.origin == "user":
+            return ""
+        line = f"[{self.origin.upper()}] {self.description}"
+        if self.source_id:
+            line += f" (sourceId={self.source_id})"
+        return line + "\n"
+
+    def to_json(self) -> JSON:
+        out: JSON = {"origin": self.origin}
+        if self.description is not None:
+            out["description"] = self.description
+        if self.source_id is not None:
+            out["sourceId"] = self.source_id
+        if self.metadata is not None:
+            out["metadata"] = self.metadata
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> MessageContext:
+        if not isinstance(raw, dict):
+            raise InvalidInput("context must be an object")
+        unknown = set(raw) - {"origin", "description", "sourceId", "metadata"}
+        if unknown:
+            raise InvalidInput(f"context has unknown fields: {', '.join(sorted(unknown))}")
+        origin = raw.get("origin", "user")
+        if origin is None:
+            origin = "user"
+        description = _require_str(raw, "description", "context", optional=True)
+        source_id = _require_str(raw, "sourceId", "context", optional=True)
+        metadata = raw.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidInput("context.metadata must be an object")
+        return cls(origin, description, source_id, metadata)
+
+
+# --- turn events (F1) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of turn events. ``type`` is the wire name; subclasses add their fields."""
+
+    type: ClassVar[str] = "Event"
+
+    def to_json(self) -> JSON:
+        return {"type": self.type}
+
+
+@dataclass(frozen=True, slots=True)
+class StartReasoning(Event):
+    type: ClassVar[str] = "StartReasoning"
+
+
+@dataclass(frozen=True, slots=True)
+class StartResponse(Event):
+    type: ClassVar[str] = "StartResponse"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendText(Event):
+    text: str = ""
+    reasoning: bool = False
+    type: ClassVar[str] = "AppendText"
+
+    def to_json(self) -> JSON:
+        out: JSON = {"type": "AppendText", "text": self.text}
+        if self.reasoning:
+            out["reasoning"] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall(Event):
+    call_id: str = ""
+    tool_name: str = ""
+    args_json: str = ""
+    type: ClassVar[str] = "ToolCall"
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "ToolCall",
+            "callId": self.call_id,
+            "toolName": self.tool_name,
+            "argsJson": self.args_json,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult(Event):
+    result_id: str = ""
+    call_id: str = ""
+    text: str = ""
+    is_error: bool = False
+    type: ClassVar[str] = "ToolResult"
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "ToolResult",
+            "resultId": self.result_id,
+            "callId": self.call_id,
+            "text": self.text,
+            "isError": self.is_error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class End(Event):
+    type: ClassVar[str] = "End"
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted(Event):
+    type: ClassVar[str] = "Interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class Error(Event):
+    message: str = ""
+    code: str | None = None
+    type: ClassVar[str] = "Error"
+
+    def to_json(self) -> JSON:
+        return {"type": "Error", "message": self.message, "code": self.code}
+
+
+@dataclass(frozen=True, slots=True)
+class Gap(Event):
+    """Not a turn event: the reader fell behind and missed events after ``after``.
+
+    The events in between are gone from the live stream; read them from history."""
+
+    after: int = 0
+    type: ClassVar[str] = "Gap"
+
+    def to_json(self) -> JSON:
+        return {"type": "Gap", "after": self.after}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent(Event):
+    """Agent-level event: something happened to a conversation (created, updated, …)."""
+
+    kind: str = ""
+    conversation_id: str = ""
+    type: ClassVar[str] = "AgentEvent"
+
+    def to_json(self) -> JSON:
+        return {"type": self.kind, "conversationId": self.conversation_id}
+
+
+# --- history messages (F1) ----------------------------------------------------------------
+
+MessageKind: TypeAlias = Literal[
+    "user", "assistant", "tool_call", "tool_result", "error", "summary"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    input: int | None
+    output: int | None
+
+    def to_json(self) -> JSON:
+        return {"input": self.input, "output": self.output}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One audit-log record. ``payload`` holds the kind's fields in their JSON form.
+
+    Kinds and payload fields: ``user`` {content, context?}; ``assistant`` {text, tokens};
+    ``tool_call`` {callId, toolName, argsJson}; ``tool_result`` {toolCallId, callId, toolName,
+    text, isError}; ``error`` {message, code, userMessageId}; ``summary`` {text}.
+    ``assistant`` also has ``interrupted: true`` when the turn was interrupted.
+    """
+
+    id: str
+    conversation_id: str
+    kind: MessageKind
+    created_at: datetime
+    payload: JSON = field(default_factory=dict)
+
+    def to_json(self) -> JSON:
+        return {
+            "id": self.id,
+            "conversationId": self.conversation_id,
+            "type": self.kind,
+            "createdAt": self.created_at.isoformat(),
+            **self.payload,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationInfo:
+    """What a conversation row holds; the live object adds behaviour on top."""
+
+    id: str
+    title: str | None
+    is_temporal: bool
+    created_at: datetime
+    updated_at: datetime

@@ -1,0 +1,147 @@
+"""The hooks agentik plugins implement. Full reference: ``docs/plugin_hooks.md``.
+
+Every hook is synchronous (pluggy awaits nothing): hooks register or configure, and the objects
+they register are async. Never write an ``async def`` hookimpl. An implementation may accept any
+subset of a hook's parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from agentik.core.agent import ChatAgent, ChatConversation
+    from agentik.core.registry import Register
+    from agentik.core.settings import Setting, Settings
+    from agentik.core.tools import Tool
+
+PROJECT = "agentik"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@hookspec
+def register_settings(register: Callable[[Setting], None]) -> None:
+    """Declare the environment variables this plugin reads.
+
+    Called once, before anything else is built. Every declared variable is parsed and validated
+    at start-up (blank means default; invalid stops start-up naming the variable) and listed by
+    ``agentik plugins`` and the docs.
+
+    :param register: ``register(Setting(name, default, parse, help))``.
+    """
+
+
+# --- backends: registered by name, one chosen by an AGENTIK_* variable --------------------
+
+
+@hookspec
+def register_llm_backends(register: Register) -> None:
+    """Register LLM backends by name.
+
+    ``register("openai", factory, aliases=(), requires=("openai",))``: ``factory(settings)``
+    returns an :class:`agentik.core.llm.LLMBackend` and is called only when
+    ``AGENTIK_LLM_BACKEND`` names this backend or one of its aliases. ``requires`` lists the
+    modules the backend imports, so a missing extra is reported before the factory runs.
+    """
+
+
+@hookspec
+def register_memory_backends(register: Register) -> None:
+    """Register long-term memory backends by name (chosen by ``AGENTIK_MEMORY_BACKEND``).
+
+    Same ``register(name, factory, aliases=(), requires=())`` contract as
+    :func:`register_llm_backends`; the factory receives the settings.
+    """
+
+
+@hookspec
+def register_embedding_backends(register: Register) -> None:
+    """Register embedding backends by name (chosen by ``AGENTIK_EMBEDDING_BACKEND``).
+
+    Same ``register(name, factory, aliases=(), requires=())`` contract as
+    :func:`register_llm_backends`; the factory receives the settings.
+    """
+
+
+# --- contributions: every implementation adds something ----------------------------------
+
+
+@hookspec
+def register_transports(register: Callable[..., None]) -> None:
+    """Contribute routes or sub-applications to the one aiohttp server.
+
+    ``register(name, setup)``: ``setup(app, agent, settings)`` is called inside the app
+    factory, before the server starts, and adds routes, sub-apps, ``on_shutdown`` or
+    ``cleanup_ctx`` entries to ``app`` (a :class:`aiohttp.web.Application`).
+    """
+
+
+@hookspec
+def register_tools(register: Callable[[Tool], None], settings: Settings) -> None:
+    """Contribute in-agent tools the model may call.
+
+    :param register: ``register(tool)`` with an :class:`agentik.core.tools.Tool` (see the
+        ``agentik.core.tools.tool`` decorator). A name used twice stops start-up.
+    :param settings: the parsed settings.
+    """
+
+
+@hookspec
+def register_prompt_sections(register: Callable[..., None], settings: Settings) -> None:
+    """Contribute sections of the system prompt.
+
+    ``register(name, render, order=100)``: ``render()`` returns the section's text (or
+    ``None`` to leave it out) each time a live LLM conversation is built. Sections are joined
+    by blank lines, lowest ``order`` first: the persona uses 0, the base prompt 100.
+    """
+
+
+@hookspec
+def register_jobs(register: Callable[..., None], agent: ChatAgent, settings: Settings) -> None:
+    """Contribute background jobs.
+
+    ``register(name, run, interval=None)``: ``run()`` returns an awaitable. With ``interval``
+    (seconds) it is run repeatedly, first after one interval; without, once at start-up. Jobs
+    never block a turn, their failures are logged, and they are cancelled at shutdown.
+    """
+
+
+# --- turn lifecycle -----------------------------------------------------------------------
+
+
+@hookspec
+def before_turn(conversation: ChatConversation, text: str) -> str | Awaitable[str | None] | None:
+    """Called when a turn starts, before the user's text goes to the model.
+
+    Return text (or an awaitable of text) to put before the user's text in what the model sees
+    (for example a ``[Memory context …]`` block), or ``None``. Results are joined in hook order.
+
+    :param conversation: the conversation running the turn.
+    :param text: the user's text as the model will see it (context prefix included).
+    """
+
+
+@hookspec
+def after_turn(
+    conversation: ChatConversation, user_text: str, assistant_text: str
+) -> Awaitable[Any] | None:
+    """Called after a turn's assistant message is recorded (not after failed turns).
+
+    Return an awaitable to run it as a background job (memory review, reflection, mining); it
+    never delays the conversation and its failure is logged.
+    """
+
+
+# --- operations ---------------------------------------------------------------------------
+
+
+@hookspec
+def banner_lines(agent: ChatAgent, settings: Settings) -> list[str] | None:
+    """Lines for the start-up banner (``mcp: 4 tools from 2 servers``), printed by ``serve``."""

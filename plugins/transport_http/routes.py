@@ -1,0 +1,238 @@
+"""The agent's own HTTP+SSE API under ``/agentik`` (SPEC F3). Handlers only translate HTTP
+to the :class:`~agentik.core.agent.ChatAgent` protocol and back."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from typing import Any
+
+from agentik_transport_http.sse import StreamHub, resume_point
+from aiohttp import web
+
+from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
+from agentik.core.app import AGENT, error_response
+from agentik.core.types import (
+    ConversationInfo,
+    InvalidInput,
+    MessageContext,
+    content_from_json,
+)
+
+HUB = web.AppKey("agentik.http.streams", StreamHub)
+MAX_LIMIT = 200
+DEFAULT_LIMIT = 50
+MAX_TITLE = 1000
+INTEGER = re.compile(r"-?[0-9]+")
+
+routes = web.RouteTableDef()
+
+
+def conversation_json(c: ChatConversation | ConversationInfo, busy: bool = False) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "title": c.title,
+        "temp": c.is_temporal,
+        "createdAt": c.created_at.isoformat(),
+        "updatedAt": c.updated_at.isoformat(),
+        "busy": busy,
+    }
+
+
+def conv_json(conv: ChatConversation) -> dict[str, Any]:
+    return {
+        **conversation_json(conv, conv.busy),
+        "supportsImageInput": conv.supports_image_input,
+        "supportsImageOutput": conv.supports_image_output,
+    }
+
+
+def bad_request(message: str, code: str = "invalid_request") -> web.Response:
+    return error_response(400, code, message)
+
+
+async def read_json(request: web.Request, *, optional: bool = False) -> Any:
+    body = await request.read()  # raises 413 past client_max_size
+    if not body.strip():
+        if optional:
+            return None
+        raise InvalidInput("the request needs a JSON body")
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise InvalidInput(f"malformed JSON: {e}") from None
+
+
+def page_params(request: web.Request) -> tuple[int, int]:
+    def number(name: str, default: int, lo: int, hi: int) -> int:
+        raw = request.query.get(name)
+        if raw is None:
+            return default
+        if not INTEGER.fullmatch(raw):
+            raise InvalidInput(f"{name} must be an integer, got {raw!r}")
+        value = int(raw)
+        if not lo <= value <= hi:
+            raise InvalidInput(f"{name} must be between {lo} and {hi}")
+        return value
+
+    return number("offset", 0, 0, 2**31), number("limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+
+
+async def conversation_or_404(request: web.Request) -> ChatConversation:
+    cid = request.match_info["id"]
+    conv = await request.app[AGENT].get_conversation(cid)
+    if conv is None:
+        raise web.HTTPNotFound(text=f"no conversation {cid!r}")
+    return conv
+
+
+@web.middleware
+async def invalid_input_as_400(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)  # type: ignore[no-any-return]
+    except InvalidInput as e:
+        return bad_request(str(e))
+
+
+@routes.post("/conversations")
+async def create_conversation(request: web.Request) -> web.Response:
+    body = await read_json(request, optional=True)
+    body = {} if body is None else body
+    if not isinstance(body, dict):
+        raise InvalidInput("the body must be a JSON object")
+    unknown = set(body) - {"temp", "title"}
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
+    temp = body.get("temp", False)
+    title = body.get("title")
+    if not isinstance(temp, bool):
+        raise InvalidInput("temp must be a boolean")
+    _check_title(title)
+    conv = await request.app[AGENT].create_conversation(temp=temp, title=title)
+    return web.json_response(conv_json(conv), status=201)
+
+
+def _check_title(title: Any) -> None:
+    if title is not None and not isinstance(title, str):
+        raise InvalidInput("title must be a string or null")
+    if isinstance(title, str) and len(title) > MAX_TITLE:
+        raise InvalidInput(f"title must be at most {MAX_TITLE} characters")
+
+
+@routes.get("/conversations")
+async def list_conversations(request: web.Request) -> web.Response:
+    offset, limit = page_params(request)
+    agent: ChatAgent = request.app[AGENT]
+    infos = await agent.list_conversations(offset, limit + 1)
+    items = [conversation_json(i, agent.is_busy(i.id)) for i in infos[:limit]]
+    return web.json_response(
+        {"items": items, "offset": offset, "limit": limit, "hasMore": len(infos) > limit}
+    )
+
+
+@routes.get("/conversations/{id}")
+async def get_conversation(request: web.Request) -> web.Response:
+    return web.json_response(conv_json(await conversation_or_404(request)))
+
+
+@routes.patch("/conversations/{id}")
+async def rename_conversation(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    body = await read_json(request)
+    if not isinstance(body, dict) or "title" not in body:
+        raise InvalidInput('the body must be {"title": string | null}')
+    if set(body) - {"title"}:
+        raise InvalidInput(f"unknown fields: {', '.join(sorted(set(body) - {'title'}))}")
+    _check_title(body["title"])
+    await conv.rename(body["title"])
+    return web.json_response(conv_json(conv))
+
+
+@routes.delete("/conversations/{id}")
+async def delete_conversation(request: web.Request) -> web.Response:
+    cid = request.match_info["id"]
+    if not await request.app[AGENT].delete_conversation(cid):
+        raise web.HTTPNotFound(text=f"no conversation {cid!r}")
+    return web.Response(status=204)
+
+
+def parse_message_body(body: Any) -> tuple[list[Any], MessageContext | None]:
+    """Both forms: a bare array of content parts, or ``{"content": [...], "context": {...}}``."""
+    if isinstance(body, list):
+        return content_from_json(body), None
+    if not isinstance(body, dict):
+        raise InvalidInput("the body must be an array of content parts or an object")
+    unknown = set(body) - {"content", "context"}
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
+    if "content" not in body:
+        raise InvalidInput("content is required")
+    raw_context = body.get("context")
+    context = None if raw_context is None else MessageContext.from_json(raw_context)
+    return content_from_json(body["content"]), context
+
+
+@routes.post("/conversations/{id}/messages")
+async def send_message(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    content, context = parse_message_body(await read_json(request))
+    try:
+        msg = await conv.send(content, context)
+    except ConversationClosed:
+        raise web.HTTPNotFound(text=f"no conversation {conv.id!r}") from None
+    return web.json_response(msg.to_json(), status=202)
+
+
+@routes.post("/conversations/{id}/interrupt")
+async def interrupt(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    return web.json_response({"interrupted": conv.interrupt()}, status=202)
+
+
+@routes.get("/conversations/{id}/messages")
+async def list_messages(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    offset, limit = page_params(request)
+    after = request.query.get("after") or None
+    msgs = await conv.get_messages(after, offset, limit + 1)
+    return web.json_response(
+        {
+            "items": [m.to_json() for m in msgs[:limit]],
+            "offset": offset,
+            "limit": limit,
+            "hasMore": len(msgs) > limit,
+        }
+    )
+
+
+@routes.get("/conversations/{id}/events")
+async def conversation_events(request: web.Request) -> web.StreamResponse:
+    conv = await conversation_or_404(request)
+    after = resume_point(request)
+    return await request.app[HUB].serve(request, conv.events(after))
+
+
+@routes.get("/events")
+async def agent_events(request: web.Request) -> web.StreamResponse:
+    after = resume_point(request)
+    return await request.app[HUB].serve(request, request.app[AGENT].events(after))
+
+
+@routes.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    text = resources.files("agentik_transport_http").joinpath("openapi.json").read_text()
+    return web.Response(text=text, content_type="application/json")
+
+
+def make_subapp(agent: ChatAgent, heartbeat: float) -> web.Application:
+    sub = web.Application(middlewares=[invalid_input_as_400])
+    sub[AGENT] = agent
+    hub = sub[HUB] = StreamHub(heartbeat)
+    sub.add_routes(routes)
+
+    async def close_hub(app: web.Application) -> None:
+        await hub.close()
+
+    sub.on_cleanup.append(close_hub)
+    return sub

@@ -1,0 +1,103 @@
+"""Server-sent events on a bare ``StreamResponse`` with one shared heartbeat.
+
+aiohttp-sse starts a ping task per stream; with thousands of idle streams one heartbeat task for
+all of them is lighter (see docs/PERFORMANCE.md). Each event is encoded once and the bytes are
+shared by every reader (``StreamItem.memo``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from agentik.core.events import StreamItem
+from agentik.core.types import InvalidInput
+
+log = logging.getLogger(__name__)
+
+PING = b": ping\n\n"
+HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+#: a stream whose socket buffer is this full is not sent pings (it is not reading anyway)
+BACKLOG_LIMIT = 256 * 1024
+
+
+def encode(item: StreamItem) -> bytes:
+    frame = item.memo.get("sse")
+    if frame is None:
+        data = json.dumps(item.event.to_json(), ensure_ascii=False, separators=(",", ":"))
+        frame = item.memo["sse"] = (
+            f"id: {item.seq}\nevent: {item.event.to_json()['type']}\ndata: {data}\n\n".encode()
+        )
+    return frame  # type: ignore[no-any-return]
+
+
+def resume_point(request: web.Request) -> int | None:
+    """Where a client resumes: the ``Last-Event-ID`` header, else ``?after=``, else now."""
+    raw = request.headers.get("Last-Event-ID") or request.query.get("after")
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit():
+        raise InvalidInput(f"Last-Event-ID/after must be an event id, got {raw!r}")
+    return int(raw)
+
+
+class StreamHub:
+    """The open SSE responses of one app and the one heartbeat that keeps them alive."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.streams: dict[web.StreamResponse, tuple[web.Request, asyncio.Task[object] | None]] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def serve(
+        self, request: web.Request, items: AsyncIterator[StreamItem]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=HEADERS)
+        await resp.prepare(request)
+        self.streams[resp] = (request, asyncio.current_task())
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._beat())
+        try:
+            async for item in items:
+                await resp.write(encode(item))
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # the client went away; the turn goes on without it
+        finally:
+            self.streams.pop(resp, None)
+            with contextlib.suppress(Exception):
+                aclose = getattr(items, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        return resp
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            for resp, (request, task) in list(self.streams.items()):
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    if task is not None:
+                        task.cancel()  # a dead client: end its handler now
+                    continue
+                if transport.get_write_buffer_size() > BACKLOG_LIMIT:
+                    continue
+                try:
+                    await resp.write(PING)
+                except Exception:
+                    if task is not None:
+                        task.cancel()
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat

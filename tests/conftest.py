@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentik.core.agent import ChatAgent
+from agentik.core.db import Database
+from agentik.core.llm import LLMBackend
+from agentik.core.store import SqliteStore
+from agentik.core.testing import EchoLLM
+from agentik.core.tools import Tool, ToolRegistry
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+async def make_agent(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Build an opened ChatAgent on a real SQLite file; closed after the test."""
+    agents: list[ChatAgent] = []
+
+    async def factory(
+        llm: LLMBackend | None = None,
+        tools: list[Tool] = (),  # type: ignore[assignment]
+        db: str | None = None,
+        **kwargs: Any,
+    ) -> ChatAgent:
+        agent = ChatAgent(
+            store=SqliteStore(Database(db or str(tmp_path / "agent.db"))),
+            llm=llm or EchoLLM(),
+            tools=ToolRegistry(tools),
+            **kwargs,
+        )
+        await agent.open()
+        agents.append(agent)
+        return agent
+
+    yield factory
+    for agent in agents:
+        await agent.close()
+
+
+async def collect_turn(conv: Any, after: int | None = None, timeout: float = 10) -> list[Any]:
+    """Events of one turn, up to and including its End."""
+    out = []
+
+    async def run() -> None:
+        async for item in conv.events(after):
+            out.append(item.event)
+            if item.event.type == "End":
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Process:
+    """A child process (agentik serve, the fake OpenAI server) with its output kept."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            args,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+
+    @property
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+
+def wait_http(url: str, proc: Process, timeout: float = 30) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.proc.returncode}:\n{proc.output}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} not up after {timeout}s:\n{proc.output}")
+
+
+@pytest.fixture
+def fake_openai_proc(tmp_path: Path) -> Iterator[str]:
+    """The fake OpenAI-compatible server as its own process; yields its base URL."""
+    port = free_port()
+    proc = Process(
+        [sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", str(port)],
+        dict(os.environ),
+        tmp_path / "fake_openai.log",
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/v1/models", proc)
+        yield f"{base}/v1"
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
+    """Start ``agentik serve`` with the given environment; yields (process, base URL)."""
+    procs: list[Process] = []
+
+    def start(env: dict[str, str], *, wait: bool = True) -> tuple[Process, str]:
+        port = free_port()
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
+        full.update(
+            {
+                "AGENTIK_PORT": str(port),
+                "AGENTIK_HOST": "127.0.0.1",
+                "AGENTIK_DB_PATH": str(tmp_path / "agentik.db"),
+                **env,
+            }
+        )
+        proc = Process([str(BIN / "agentik"), "serve"], full, tmp_path / f"serve-{len(procs)}.log")
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        if wait:
+            wait_http(f"{base}/health", proc)
+        return proc, base
+
+    yield start
+    for proc in procs:
+        proc.stop(signal.SIGKILL)
+
+
+async def script_fake(base_url: str, *replies: dict[str, Any]) -> None:
+    root = base_url.removesuffix("/v1")
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{root}/_fake/script", json=list(replies)) as r,
+    ):
+        assert r.status == 200, await r.text()
+
+
+async def read_sse(
+    resp: aiohttp.ClientResponse, until: str = "End", timeout: float = 15
+) -> list[dict[str, Any]]:
+    """Read SSE frames as {"id", "event", "data"} until an event of type ``until``."""
+    frames: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        frame: dict[str, Any] = {}
+        async for raw in resp.content:
+            line = raw.decode().rstrip("\n")
+            if not line:
+                if "data" in frame:
+                    frames.append(frame)
+                    if frame["event"] == until:
+                        return
+                frame = {}
+            elif line.startswith(":"):
+                continue
+            else:
+                key, _, value = line.partition(": ")
+                frame[key] = json.loads(value) if key == "data" else value
+
+    await asyncio.wait_for(run(), timeout)
+    return frames

@@ -1,0 +1,380 @@
+"""The turn engine (F1, F2 error path, F4, F6 first half, F12) on a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentik.core.agent import ConversationClosed
+from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, ToolResultInput, Usage
+from agentik.core.testing import ScriptedLLM
+from agentik.core.tools import ToolError, tool
+from agentik.core.types import ImagePart, InvalidInput, MessageContext, TextPart
+from tests.conftest import collect_turn
+
+
+def text(body: str) -> list[TextPart]:
+    return [TextPart(body)]
+
+
+def kinds(messages: list) -> list[str]:
+    return [m.kind for m in messages]
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@tool
+def explode() -> str:
+    """Always fails."""
+    raise RuntimeError("kaboom")
+
+
+@tool
+async def refuse() -> str:
+    raise ToolError("not allowed")
+
+
+async def test_turn_streams_events_and_records_history(make_agent):
+    llm = ScriptedLLM([ReasoningDelta("hmm"), "Hel", "lo", Usage(12, 3)])
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    user = await conv.send(text("hi"))
+    got = await events
+    assert [e.type for e in got] == [
+        "StartReasoning",
+        "AppendText",
+        "StartResponse",
+        "AppendText",
+        "AppendText",
+        "End",
+    ]
+    assert got[1].reasoning and got[1].text == "hmm"
+    msgs = await conv.get_messages()
+    assert kinds(msgs) == ["user", "assistant"]
+    assert msgs[0].id == user.id
+    assert msgs[1].payload == {"text": "Hello", "tokens": {"input": 12, "output": 3}}
+    memory = [(r.item.role, r.item.text) for r in await agent.store.list_memory(conv.id)]
+    assert memory == [("user", "hi"), ("assistant", "Hello")]
+
+
+async def test_sends_to_a_busy_conversation_run_in_order(make_agent):
+    llm = ScriptedLLM(delay=0.01)
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    for i in range(5):
+        await conv.send(text(f"m{i}"))
+    await conv.wait_idle()
+    msgs = await conv.get_messages()
+    users = [i for i, m in enumerate(msgs) if m.kind == "user"]
+    answers = [i for i, m in enumerate(msgs) if m.kind == "assistant"]
+    assert len(users) == len(answers) == 5
+    assert all(u < a for u, a in zip(users, answers, strict=True))
+    replies = [m.payload["text"] for m in msgs if m.kind == "assistant"]
+    assert replies == [f"echo: m{i}" for i in range(5)]
+    # every user message reached the model, in order, none dropped
+    assert [i[0].text for i in llm.received] == [f"m{i}" for i in range(5)]
+
+
+async def test_tool_loop_records_linked_pairs_and_feeds_results_back(make_agent):
+    llm = ScriptedLLM(
+        ["Let me add. ", ToolCallRequest("call_1", "add", '{"a": 2, "b": 3}'), Usage(100, 10)],
+        ["It is 5.", Usage(130, 5)],
+    )
+    agent = await make_agent(llm, tools=[add])
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("2+3?"))
+    got = await events
+    types = [e.type for e in got]
+    assert types == [
+        "StartResponse",
+        "AppendText",
+        "ToolCall",
+        "ToolResult",
+        "StartResponse",
+        "AppendText",
+        "End",
+    ]
+    call, result = got[2], got[3]
+    assert (call.call_id, call.tool_name, call.args_json) == ("call_1", "add", '{"a": 2, "b": 3}')
+    assert (result.call_id, result.text, result.is_error) == ("call_1", "5", False)
+    assert llm.received[1] == [ToolResultInput("call_1", "add", "5")]
+    msgs = await conv.get_messages()
+    assert kinds(msgs) == ["user", "tool_call", "tool_result", "assistant"]
+    tc, tr, reply = msgs[1], msgs[2], msgs[3]
+    assert tc.id.startswith("tc-") and tr.id.startswith("tr-") and tc.id != tr.id
+    assert tr.payload["toolCallId"] == tc.id and tr.payload["callId"] == "call_1"
+    assert tr.id == result.result_id
+    assert reply.payload["text"] == "Let me add. It is 5."
+    # F12: input before the first send, output = growth over the whole tool loop
+    assert reply.payload["tokens"] == {"input": 100, "output": 135 - 100}
+    memory = [r.item.role for r in await agent.store.list_memory(conv.id)]
+    assert memory == ["user", "assistant", "tool_call", "tool_result", "assistant"]
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "expected"),
+    [
+        ("explode", "{}", "Error: RuntimeError: kaboom"),
+        ("refuse", "{}", "Error: not allowed"),
+        ("missing", "{}", "Error: unknown tool 'missing'"),
+        ("add", "{not json", "Error: arguments are not valid JSON"),
+        ("add", '{"a": 1}', "Error: bad arguments for add"),
+    ],
+)
+async def test_a_failing_tool_gives_an_error_result_not_a_dead_turn(
+    make_agent, name, args, expected
+):
+    llm = ScriptedLLM([ToolCallRequest("c", name, args)], ["recovered"])
+    agent = await make_agent(llm, tools=[add, explode, refuse])
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("go"))
+    got = await events
+    result = next(e for e in got if e.type == "ToolResult")
+    assert result.is_error and result.text.startswith(expected)
+    assert got[-2].text == "recovered" and got[-1].type == "End"
+    assert llm.received[1][0].text.startswith(expected)
+
+
+async def test_llm_error_path(make_agent):
+    llm = ScriptedLLM(["hi"], LLMError("upstream said 503", "http_503"))
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    await conv.send(text("first"))
+    await conv.wait_idle()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("second"))
+    got = await events
+    assert [e.type for e in got] == ["Error", "End"]
+    assert (got[0].message, got[0].code) == ("upstream said 503", "http_503")
+    msgs = await conv.get_messages()
+    assert kinds(msgs) == ["user", "assistant", "user", "error"]
+    assert msgs[3].payload["userMessageId"] == msgs[2].id
+    # nothing of the failed turn is in working memory
+    memory = [(r.item.role, r.item.text) for r in await agent.store.list_memory(conv.id)]
+    assert memory == [("user", "first"), ("assistant", "hi")]
+    # the live LLM conversation was dropped and the next send rebuilds it from memory
+    assert llm.closed == 1
+    await conv.send(text("third"))
+    await conv.wait_idle()
+    assert len(llm.conversations) == 2
+    assert [(h.role, h.text) for h in llm.conversations[1].history] == memory
+    assert (await conv.get_messages())[-1].payload["text"] == "echo: third"
+
+
+async def test_error_after_tool_calls_rolls_back_working_memory(make_agent):
+    llm = ScriptedLLM([ToolCallRequest("c", "add", '{"a":1,"b":1}')], LLMError("gone", "timeout"))
+    agent = await make_agent(llm, tools=[add])
+    conv = await agent.create_conversation()
+    await conv.send(text("x"))
+    await conv.wait_idle()
+    assert kinds(await conv.get_messages()) == ["user", "tool_call", "tool_result", "error"]
+    assert await agent.store.list_memory(conv.id) == []
+
+
+async def test_live_llm_conversation_is_reused_across_turns(make_agent):
+    llm = ScriptedLLM()
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    for i in range(3):
+        await conv.send(text(f"t{i}"))
+    await conv.wait_idle()
+    assert len(llm.conversations) == 1 and conv.llm_builds == 1
+
+
+async def test_restart_rebuilds_the_llm_conversation_from_working_memory(make_agent, tmp_path):
+    db = str(tmp_path / "r.db")
+    agent = await make_agent(ScriptedLLM(), db=db)
+    conv = await agent.create_conversation()
+    await conv.send(text("remember me"))
+    await conv.wait_idle()
+    await agent.close()
+    llm2 = ScriptedLLM()
+    agent2 = await make_agent(llm2, db=db)
+    conv2 = await agent2.get_conversation(conv.id)
+    await conv2.send(text("again"))
+    await conv2.wait_idle()
+    history = [(h.role, h.text) for h in llm2.conversations[0].history]
+    assert history == [("user", "remember me"), ("assistant", "echo: remember me")]
+
+
+async def test_interrupt_stops_the_turn_and_the_next_send_works(make_agent):
+    llm = ScriptedLLM(["a"] * 1000, delay=0.01)
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("long"))
+    assert conv.busy  # the turn starts at once (send queued it)
+    await asyncio.sleep(0.05)
+    assert conv.interrupt() is True
+    got = await events
+    assert [e.type for e in got[-2:]] == ["Interrupted", "End"]
+    assert sum(e.type == "End" for e in got) == 1
+    await conv.wait_idle()
+    msgs = await conv.get_messages()
+    assert kinds(msgs) == ["user", "assistant"]
+    assert msgs[1].payload["interrupted"] is True
+    assert 0 < len(msgs[1].payload["text"]) < 1000
+    assert llm.closed == 1  # a cut stream leaves the live conversation unusable
+    assert conv.interrupt() is False
+    await conv.send(text("next"))
+    await conv.wait_idle()
+    assert (await conv.get_messages())[-1].payload["text"] == "echo: next"
+
+
+async def test_interrupt_during_a_tool_call_closes_the_pair(make_agent):
+    started = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    agent = await make_agent(ScriptedLLM([ToolCallRequest("c9", "slow", "{}")]), tools=[slow])
+    conv = await agent.create_conversation()
+    await conv.send(text("x"))
+    await asyncio.wait_for(started.wait(), 5)
+    conv.interrupt()
+    await conv.wait_idle()
+    msgs = await conv.get_messages()
+    assert kinds(msgs) == ["user", "tool_call", "tool_result", "assistant"]
+    assert msgs[2].payload["isError"] and msgs[2].payload["toolCallId"] == msgs[1].id
+    roles = [r.item.role for r in await agent.store.list_memory(conv.id)]
+    assert roles == ["user", "tool_call", "tool_result"]
+
+
+async def test_context_prefix_reaches_the_llm_but_not_the_history(make_agent):
+    llm = ScriptedLLM()
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    ctx = MessageContext(
+        "event",
+        "scheduled cron morning-briefing",
+        "cron-42",
+        {"scheduledAt": "2026-09-14T08:00:00Z"},
+    )
+    await conv.send(text("wake up"), ctx)
+    await conv.wait_idle()
+    assert llm.received[0][0].text == (
+        "[EVENT] scheduled cron morning-briefing (sourceId=cron-42)\nwake up"
+    )
+    user = (await conv.get_messages())[0]
+    assert user.payload["content"] == [{"type": "text", "body": "wake up"}]
+    assert user.payload["context"]["metadata"] == {"scheduledAt": "2026-09-14T08:00:00Z"}
+    assert "scheduledAt" not in json.dumps([str(i) for i in llm.received])
+
+
+def test_context_validation():
+    with pytest.raises(InvalidInput, match="description is required"):
+        MessageContext("system")
+    with pytest.raises(InvalidInput, match="origin"):
+        MessageContext.from_json({"origin": "robot"})
+    assert MessageContext.from_json({}).origin == "user"
+    assert MessageContext("system", "boot").llm_prefix() == "[SYSTEM] boot\n"
+
+
+async def test_temp_conversations_are_never_persisted(make_agent, tmp_path):
+    agent = await make_agent()
+    conv = await agent.create_conversation(temp=True)
+    await conv.send(text("secret"))
+    await conv.wait_idle()
+    assert kinds(await conv.get_messages()) == ["user", "assistant"]
+    assert await agent.store.get_conversation(conv.id) is None
+    assert await agent.count_conversations() == 0
+    assert (await agent.get_conversation(conv.id)) is conv
+    raw = (tmp_path / "agent.db").read_bytes()
+    assert b"secret" not in raw
+    assert await agent.delete_conversation(conv.id)
+    assert await agent.get_conversation(conv.id) is None
+
+
+async def test_images_are_refused_clearly_and_nothing_is_recorded(make_agent):
+    agent = await make_agent()
+    conv = await agent.create_conversation()
+    with pytest.raises(InvalidInput, match="image"):
+        await conv.send([ImagePart("image/png", data="AAAA")])
+    assert await conv.get_messages() == []
+
+
+async def test_delete_stops_the_turn_and_cascades(make_agent):
+    agent = await make_agent(ScriptedLLM(["x"] * 500, delay=0.01))
+    conv = await agent.create_conversation()
+    await conv.send(text("go"))
+    await asyncio.sleep(0.03)
+    assert await agent.delete_conversation(conv.id)
+    assert await agent.get_conversation(conv.id) is None
+    assert await agent.store.list_memory(conv.id) == []
+    with pytest.raises(ConversationClosed):
+        await conv.send(text("late"))
+    assert not await agent.delete_conversation(conv.id)
+
+
+async def test_rename_and_listing(make_agent):
+    agent = await make_agent()
+    a = await agent.create_conversation(title="a")
+    b = await agent.create_conversation()
+    await b.rename("bee")
+    page = await agent.list_conversations(0, 10)
+    assert [(c.id, c.title) for c in page] == [(b.id, "bee"), (a.id, "a")]
+    assert [c.id for c in await agent.list_conversations(1, 10)] == [a.id]
+
+
+async def test_agent_events_report_conversation_changes(make_agent):
+    agent = await make_agent()
+    seen: list[tuple[str, str]] = []
+
+    async def watch() -> None:
+        async for item in agent.events():
+            seen.append((item.event.kind, item.event.conversation_id))
+            if item.event.kind == "ConversationDeleted":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    await asyncio.sleep(0)
+    conv = await agent.create_conversation()
+    await conv.send(text("hi"))
+    await conv.wait_idle()
+    await agent.delete_conversation(conv.id)
+    await asyncio.wait_for(watcher, 5)
+    assert [k for k, _ in seen] == [
+        "ConversationCreated",
+        "ConversationUpdated",
+        "TurnStarted",
+        "TurnEnded",
+        "ConversationDeleted",
+    ]
+    assert {c for _, c in seen} == {conv.id}
+
+
+async def test_system_prompt_sections_in_order_and_a_failing_one_is_left_out(make_agent):
+    def broken() -> str:
+        raise RuntimeError("no")
+
+    llm = ScriptedLLM()
+    agent = await make_agent(
+        llm,
+        prompt_sections=[
+            (100, "base", lambda: "Be brief."),
+            (0, "soul", lambda: "You are Ada."),
+            (50, "broken", broken),
+            (200, "empty", lambda: None),
+        ],
+    )
+    conv = await agent.create_conversation()
+    await conv.send(text("hi"))
+    await conv.wait_idle()
+    assert llm.prompts == ["You are Ada.\n\nBe brief."]

@@ -1,0 +1,95 @@
+"""Event streams: ordering, resume by id, the bounded buffer, slow and many readers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentik.core import events
+from agentik.core.events import EventLog
+from agentik.core.types import AppendText, End, Gap
+
+
+async def read(log: EventLog, after: int | None, n: int) -> list:
+    out = []
+    async for item in log.subscribe(after):
+        out.append(item)
+        if len(out) == n:
+            break
+    return out
+
+
+async def test_live_readers_get_events_after_they_subscribe():
+    log = EventLog()
+    log.publish(AppendText("before"))
+    reader = asyncio.ensure_future(read(log, None, 2))
+    await asyncio.sleep(0)
+    log.publish(AppendText("a"))
+    log.publish(End())
+    got = await reader
+    assert [i.event for i in got] == [AppendText("a"), End()]
+    assert got[1].seq == got[0].seq + 1
+
+
+async def test_resume_after_an_id_gets_every_missed_event_once_in_order():
+    log = EventLog()
+    seqs = [log.publish(AppendText(str(i))) for i in range(10)]
+    got = await read(log, seqs[3], 6)
+    assert [i.event.text for i in got] == ["4", "5", "6", "7", "8", "9"]
+
+
+async def test_a_reader_behind_the_buffer_gets_a_gap_then_the_rest():
+    log = EventLog(maxlen=4)
+    seqs = [log.publish(AppendText(str(i))) for i in range(10)]
+    got = await read(log, seqs[1], 5)
+    assert isinstance(got[0].event, Gap) and got[0].event.after == seqs[1]
+    assert [i.event.text for i in got[1:]] == ["6", "7", "8", "9"]
+
+
+async def test_an_id_from_an_earlier_process_replays_the_whole_buffer():
+    log = EventLog(maxlen=4)
+    for i in range(3):
+        log.publish(AppendText(str(i)))
+    got = await read(log, events._FIRST_SEQ - 5, 3)
+    assert [i.event.text for i in got] == ["0", "1", "2"]
+
+
+async def test_a_slow_reader_never_blocks_the_publisher_or_others():
+    log = EventLog(maxlen=100)
+    fast = asyncio.ensure_future(read(log, None, 1000))
+    stuck = log.subscribe(None)
+    first = asyncio.ensure_future(stuck.__anext__())
+    await asyncio.sleep(0)
+    for i in range(1000):
+        log.publish(AppendText(str(i)))  # never awaits
+        if i % 50 == 0:
+            await asyncio.sleep(0)
+    assert len(await fast) == 1000
+    got = [(await first).event]
+    while getattr(got[-1], "text", None) != "999":
+        got.append((await stuck.__anext__()).event)
+    await stuck.aclose()
+    # it fell behind: it is told so and skips ahead; nobody waited for it
+    assert any(isinstance(e, Gap) for e in got)
+    assert len(got) < 1000
+
+
+async def test_two_hundred_subscribers_all_get_the_whole_turn():
+    log = EventLog()
+    readers = [asyncio.ensure_future(read(log, None, 51)) for _ in range(200)]
+    await asyncio.sleep(0)
+    for i in range(50):
+        log.publish(AppendText(str(i)))
+    log.publish(End())
+    results = await asyncio.gather(*readers)
+    assert all(
+        [i.event for i in r] == [AppendText(str(i)) for i in range(50)] + [End()] for r in results
+    )
+
+
+async def test_close_ends_every_reader():
+    log = EventLog()
+    reader = asyncio.ensure_future(read(log, None, 5))
+    await asyncio.sleep(0)
+    log.publish(AppendText("x"))
+    log.close()
+    assert [i.event.text for i in await asyncio.wait_for(reader, 2)] == ["x"]

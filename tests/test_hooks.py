@@ -1,0 +1,231 @@
+"""One test per hook (a test fails when a hook has none), and every hook documented."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from agentik import hookimpl
+from agentik.core.app import AGENT, registries
+from agentik.core.cli import banner
+from agentik.core.plugins import Plugins
+from agentik.core.settings import Setting, parse_positive_int
+from agentik.core.testing import ScriptedLLM, make_app, test_plugins
+from agentik.core.tools import tool
+from agentik.core.types import TextPart
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugin_hooks.md"
+HOOKS = sorted(name for name in dir(Plugins().pm.hook) if not name.startswith("_"))
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_has_a_test(hook):
+    assert f"test_hook_{hook}" in globals(), f"no test_hook_{hook} in {__file__}"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_is_documented_with_its_signature(hook):
+    caller = getattr(Plugins().pm.hook, hook)
+    signature = f"{hook}({', '.join(caller.spec.argnames)})"
+    assert f"## {signature}" in DOCS.read_text(), f"docs/plugin_hooks.md lacks '## {signature}'"
+
+
+def test_documented_hooks_all_exist():
+    documented = re.findall(r"^## (\w+)\(", DOCS.read_text(), re.MULTILINE)
+    assert sorted(documented) == HOOKS
+
+
+async def run_turn(app, text: str = "hi"):
+    agent = app[AGENT]
+    conv = await agent.create_conversation()
+    await conv.send([TextPart(text)])
+    await conv.wait_idle()
+    return conv
+
+
+def test_hook_register_settings():
+    class P:
+        @hookimpl
+        def register_settings(self, register):
+            register(Setting("MY_LIMIT", 3, parse_positive_int, "A limit."))
+
+    app = make_app(plugins=[("p", P())], env={"MY_LIMIT": "7"})
+    from agentik.core.app import SETTINGS
+
+    assert app[SETTINGS]["MY_LIMIT"] == 7
+    assert app[SETTINGS].declared["MY_LIMIT"].plugin == "p"
+
+
+def test_hook_register_llm_backends():
+    class P:
+        @hookimpl
+        def register_llm_backends(self, register):
+            register("scripted", lambda settings: ScriptedLLM(["fixed"]))
+
+    plugins = test_plugins([("p", P())])
+    backend = registries(plugins)["llm"].get("scripted", variable="AGENTIK_LLM_BACKEND")
+    assert isinstance(backend.factory(None), ScriptedLLM) and backend.plugin == "p"
+
+
+def test_hook_register_memory_backends():
+    class P:
+        @hookimpl
+        def register_memory_backends(self, register):
+            register("notes", lambda settings: {"kind": "notes"}, aliases=("md2",))
+
+    reg = registries(test_plugins([("p", P())]))["memory"]
+    assert reg.get("md2", variable="AGENTIK_MEMORY_BACKEND").factory(None) == {"kind": "notes"}
+
+
+def test_hook_register_embedding_backends():
+    class P:
+        @hookimpl
+        def register_embedding_backends(self, register):
+            register("hash", lambda settings: "hash-embedder")
+
+    reg = registries(test_plugins([("p", P())]))["embedding"]
+    assert reg.get("hash", variable="AGENTIK_EMBEDDING_BACKEND").factory(None) == "hash-embedder"
+
+
+async def test_hook_register_transports(aiohttp_client):
+    from aiohttp import web
+
+    class P:
+        @hookimpl
+        def register_transports(self, register):
+            async def ping(request):
+                return web.json_response({"agent": request.app[AGENT].id})
+
+            register("ping", lambda app, agent, settings: app.router.add_get("/ping", ping))
+
+    client = await aiohttp_client(make_app(plugins=[("p", P())], builtins=[]))
+    assert (await (await client.get("/ping")).json()) == {"agent": "agentik"}
+    assert (await client.get("/agentik/conversations")).status == 404  # http transport not loaded
+
+
+async def test_hook_register_tools(aiohttp_client):
+    from agentik.core.llm import ToolCallRequest
+
+    class P:
+        @hookimpl
+        def register_tools(self, register, settings):
+            register(tool(lambda text: text[::-1], name="reverse", description="Reverse."))
+
+    llm = ScriptedLLM([ToolCallRequest("c1", "reverse", '{"text": "abc"}')], ["ok"])
+    app = make_app(llm=llm, plugins=[("p", P())])
+    client = await aiohttp_client(app)
+    await run_turn(app)
+    assert app[AGENT].tools.names() == ["reverse"]
+    assert llm.received[1][0].text == "cba"
+    assert client is not None
+
+
+async def test_hook_register_prompt_sections(aiohttp_client):
+    class P:
+        @hookimpl
+        def register_prompt_sections(self, register):
+            register("soul", lambda: "You are Ada.", order=0)
+            register("later", lambda: "Skills: none.", order=200)
+
+    llm = ScriptedLLM()
+    app = make_app(llm=llm, plugins=[("p", P())], env={"AGENTIK_SYSTEM_PROMPT": "Be brief."})
+    await aiohttp_client(app)
+    await run_turn(app)
+    assert llm.prompts == ["You are Ada.\n\nBe brief.\n\nSkills: none."]
+
+
+async def test_hook_register_jobs(aiohttp_client):
+    runs: list[str] = []
+    ticked = asyncio.Event()
+
+    class P:
+        @hookimpl
+        def register_jobs(self, register, agent):
+            async def once():
+                runs.append(f"once:{agent.id}")
+
+            async def tick():
+                runs.append("tick")
+                ticked.set()
+
+            async def broken():
+                raise RuntimeError("logged, not raised")
+
+            register("once", once)
+            register("tick", tick, interval=0.01)
+            register("broken", broken, interval=0.01)
+
+    app = make_app(plugins=[("p", P())])
+    client = await aiohttp_client(app)
+    await asyncio.wait_for(ticked.wait(), 5)
+    assert runs[0] == "once:agentik" and "tick" in runs
+    assert (await client.get("/health")).status == 200
+
+
+async def test_hook_before_turn(aiohttp_client):
+    class P:
+        @hookimpl
+        def before_turn(self, conversation, text):
+            async def recall():
+                return f"[Memory context: {conversation.id} asked about {text}]"
+
+            return recall()
+
+    class Broken:
+        @hookimpl
+        def before_turn(self):
+            raise RuntimeError("prefetch down")
+
+    llm = ScriptedLLM()
+    app = make_app(llm=llm, plugins=[("p", P())])
+    await aiohttp_client(app)
+    conv = await run_turn(app, "cats")
+    assert llm.received[0][0].text == f"[Memory context: {conv.id} asked about cats]\n\ncats"
+    # working memory keeps the user's text without the per-turn context block
+    memory = await app[AGENT].store.list_memory(conv.id)
+    assert memory[0].item.text == "cats"
+
+    llm2 = ScriptedLLM()
+    app2 = make_app(llm=llm2, plugins=[("b", Broken())])
+    await aiohttp_client(app2)
+    await run_turn(app2, "dogs")
+    assert llm2.received[0][0].text == "dogs"  # a failing hook never kills the turn
+
+
+async def test_hook_after_turn(aiohttp_client):
+    seen: list[tuple[str, str]] = []
+    reviewed = asyncio.Event()
+
+    class P:
+        @hookimpl
+        def after_turn(self, user_text, assistant_text):
+            async def review():
+                seen.append((user_text, assistant_text))
+                reviewed.set()
+
+            return review()
+
+    app = make_app(llm=ScriptedLLM(["fine"]), plugins=[("p", P())])
+    await aiohttp_client(app)
+    await run_turn(app, "how are you")
+    await asyncio.wait_for(reviewed.wait(), 5)
+    assert seen == [("how are you", "fine")]
+
+
+async def test_hook_banner_lines(aiohttp_client):
+    class P:
+        @hookimpl
+        def banner_lines(self, agent, settings):
+            return [f"mcp: 0 tools from 0 servers ({agent.id})"]
+
+    app = make_app(plugins=[("p", P())])
+    await aiohttp_client(app)
+    lines = await banner(app, "0.0.0.0", 8080)
+    assert lines[0] == "agentik listening on http://localhost:8080"
+    assert "  GET  /health" in lines
+    assert "  mcp: 0 tools from 0 servers (agentik)" in lines
+    assert any(line.startswith("  POST /agentik/conversations") for line in lines)
+    assert lines[-1] == "  tokens: 0 convs, 0 turns, in=0, out=0, total=0"

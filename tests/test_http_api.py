@@ -1,0 +1,297 @@
+"""The HTTP+SSE API (F3) in-process over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import aiohttp
+import pytest
+
+from agentik.core.testing import ScriptedLLM, make_app
+from tests.conftest import read_sse
+
+TEXT = [{"type": "text", "body": "hello"}]
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "api.db"
+
+
+@pytest.fixture
+async def client(aiohttp_client, db_path):
+    return await aiohttp_client(make_app(env={"AGENTIK_DB_PATH": str(db_path)}))
+
+
+async def new_conv(client, **body) -> str:
+    r = await client.post("/agentik/conversations", json=body or None)
+    assert r.status == 201
+    return (await r.json())["id"]
+
+
+async def finish_turn(client, cid: str) -> None:
+    for _ in range(500):
+        if not (await (await client.get(f"/agentik/conversations/{cid}")).json())["busy"]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("turn did not finish")
+
+
+def db_counts(path) -> tuple[int, int, int]:
+    with sqlite3.connect(path) as raw:
+        return tuple(
+            raw.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("conversation", "message", "working_memory")
+        )
+
+
+async def test_conversation_lifecycle(client):
+    cid = await new_conv(client, title="first")
+    body = await (await client.get(f"/agentik/conversations/{cid}")).json()
+    assert body["title"] == "first" and body["temp"] is False and body["busy"] is False
+    r = await client.patch(f"/agentik/conversations/{cid}", json={"title": "renamed"})
+    assert r.status == 200 and (await r.json())["title"] == "renamed"
+    page = await (await client.get("/agentik/conversations?limit=1")).json()
+    assert [c["id"] for c in page["items"]] == [cid] and page["hasMore"] is False
+    assert (await client.delete(f"/agentik/conversations/{cid}")).status == 204
+    assert (await client.get(f"/agentik/conversations/{cid}")).status == 404
+    assert (await client.delete(f"/agentik/conversations/{cid}")).status == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        TEXT,
+        {"content": TEXT},
+        {"content": TEXT, "context": {"origin": "event", "description": "cron", "sourceId": "c-1"}},
+    ],
+)
+async def test_both_message_body_forms_are_accepted(client, body):
+    cid = await new_conv(client)
+    r = await client.post(f"/agentik/conversations/{cid}/messages", json=body)
+    assert r.status == 202
+    ack = await r.json()
+    assert ack["type"] == "user" and ack["content"] == TEXT
+    await finish_turn(client, cid)
+    items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
+    assert [m["type"] for m in items] == ["user", "assistant"]
+    assert items[0]["id"] == ack["id"]
+    if isinstance(body, dict) and "context" in body:
+        assert items[0]["context"]["sourceId"] == "c-1"
+        assert items[1]["text"] == "echo: [EVENT] cron (sourceId=c-1)\nhello"
+    else:
+        assert items[1]["text"] == "echo: hello"
+
+
+BAD_BODIES = [
+    (b"{not json", "malformed JSON"),
+    (b"", "needs a JSON body"),
+    (b'"text"', "array of content parts or an object"),
+    (b"[]", "non-empty array"),
+    (b'[{"type": "text"}]', "content[0].body must be a string"),
+    (b'[{"type": "video", "body": "x"}]', "content[0].type"),
+    (b'[{"type": "text", "body": 5}]', "content[0].body must be a string"),
+    (b'{"content": []}', "non-empty array"),
+    (b'{"text": "hi"}', "unknown fields"),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"origin": "event"}}',
+        "description is required",
+    ),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"origin": "boss"}}',
+        "context.origin",
+    ),
+    (b'{"content": [{"type": "text", "body": "x"}], "context": "x"}', "context must be an object"),
+    (b'[{"type": "image", "mimeType": "image/png", "data": "AAAA"}]', "image"),
+    (b'[{"type": "image", "mimeType": "image/png", "data": "%%%"}]', "base64"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), BAD_BODIES)
+async def test_bad_messages_get_400_and_change_nothing(client, db_path, raw, message):
+    cid = await new_conv(client)
+    before = db_counts(db_path)
+    r = await client.post(
+        f"/agentik/conversations/{cid}/messages",
+        data=raw,
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status == 400
+    error = (await r.json())["error"]
+    assert message in error["message"] and error["code"]
+    assert db_counts(db_path) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("get", "/agentik/conversations?limit=0", None, 400),
+        ("get", "/agentik/conversations?limit=201", None, 400),
+        ("get", "/agentik/conversations?offset=-1", None, 400),
+        ("get", "/agentik/conversations?offset=abc", None, 400),
+        ("post", "/agentik/conversations", {"temp": "yes"}, 400),
+        ("post", "/agentik/conversations", {"title": 3}, 400),
+        ("post", "/agentik/conversations", {"owner": "me"}, 400),
+        ("post", "/agentik/conversations", [1], 400),
+        ("patch", "/agentik/conversations/{cid}", {"name": "x"}, 400),
+        ("patch", "/agentik/conversations/{cid}", {"title": "x" * 1001}, 400),
+        ("get", "/agentik/conversations/{cid}/messages?after=nope", None, 400),
+        ("get", "/agentik/conversations/{cid}/messages?limit=x", None, 400),
+        ("get", "/agentik/conversations/{cid}/events?after=abc", None, 400),
+        ("get", "/agentik/conversations/unknown", None, 404),
+        ("patch", "/agentik/conversations/unknown", {"title": "x"}, 404),
+        ("post", "/agentik/conversations/unknown/messages", TEXT, 404),
+        ("post", "/agentik/conversations/unknown/interrupt", None, 404),
+        ("get", "/agentik/conversations/unknown/messages", None, 404),
+        ("get", "/agentik/conversations/unknown/events", None, 404),
+        ("put", "/agentik/conversations/{cid}", None, 405),
+        ("get", "/agentik/nothing-here", None, 404),
+    ],
+)
+async def test_every_bad_request_gets_a_json_error_and_changes_nothing(
+    client, db_path, method, path, body, status
+):
+    cid = await new_conv(client)
+    before = db_counts(db_path)
+    r = await getattr(client, method)(path.format(cid=cid), json=body)
+    assert r.status == status
+    assert r.content_type == "application/json"
+    error = (await r.json())["error"]
+    assert set(error) == {"code", "message"} and error["message"]
+    assert db_counts(db_path) == before
+
+
+async def test_oversize_body_gets_413(client, db_path):
+    cid = await new_conv(client)
+    before = db_counts(db_path)
+    big = [{"type": "text", "body": "x" * (2 * 1024 * 1024)}]
+    r = await client.post(f"/agentik/conversations/{cid}/messages", json=big)
+    assert r.status == 413
+    assert (await r.json())["error"]["code"]
+    assert db_counts(db_path) == before
+
+
+async def test_sse_streams_a_turn_with_ids(client):
+    cid = await new_conv(client)
+    events = await client.get(f"/agentik/conversations/{cid}/events")
+    assert events.headers["Content-Type"] == "text/event-stream"
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    frames = await read_sse(events)
+    events.close()
+    assert [f["event"] for f in frames] == ["StartResponse", "AppendText", "End"]
+    ids = [int(f["id"]) for f in frames]
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    assert frames[1]["data"] == {"type": "AppendText", "text": "echo: hello"}
+
+
+async def test_last_event_id_resume_gets_every_missed_event_once_in_order(aiohttp_client):
+    llm = ScriptedLLM([f"t{i} " for i in range(20)])
+    client = await aiohttp_client(make_app(llm=llm))
+    cid = await new_conv(client)
+    first = await client.get(f"/agentik/conversations/{cid}/events")
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    full = await read_sse(first)
+    first.close()
+    cut = full[5]["id"]
+    resumed = await client.get(
+        f"/agentik/conversations/{cid}/events", headers={"Last-Event-ID": cut}
+    )
+    rest = await read_sse(resumed)
+    resumed.close()
+    assert rest == full[6:]
+    by_query = await client.get(f"/agentik/conversations/{cid}/events?after={cut}")
+    assert await read_sse(by_query) == full[6:]
+    by_query.close()
+
+
+async def test_two_hundred_sse_subscribers_all_get_the_whole_turn(aiohttp_client):
+    client = await aiohttp_client(make_app(llm=ScriptedLLM([f"w{i} " for i in range(30)])))
+    cid = await new_conv(client)
+    url = client.make_url(f"/agentik/conversations/{cid}/events")
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        streams = []
+        for _ in range(4):  # in waves, so the listen backlog is never the limit
+            streams += await asyncio.gather(*(session.get(url) for _ in range(50)))
+        await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+        results = await asyncio.gather(*(read_sse(s, timeout=60) for s in streams))
+        for s in streams:
+            s.close()
+    assert all(r == results[0] for r in results)
+    assert len(results[0]) == 32  # StartResponse + 30 deltas + End
+
+
+async def test_a_client_that_disconnects_never_stops_the_turn(aiohttp_client):
+    client = await aiohttp_client(make_app(llm=ScriptedLLM(["a"] * 50, delay=0.005)))
+    cid = await new_conv(client)
+    events = await client.get(f"/agentik/conversations/{cid}/events")
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    await events.content.readline()
+    events.close()
+    await finish_turn(client, cid)
+    items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
+    assert items[-1]["text"] == "a" * 50
+
+
+async def test_interrupt_endpoint(aiohttp_client):
+    client = await aiohttp_client(make_app(llm=ScriptedLLM(["a"] * 1000, delay=0.005)))
+    cid = await new_conv(client)
+    events = await client.get(f"/agentik/conversations/{cid}/events")
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    await events.content.readline()
+    r = await client.post(f"/agentik/conversations/{cid}/interrupt")
+    assert r.status == 202 and (await r.json()) == {"interrupted": True}
+    frames = await read_sse(events)
+    assert [f["event"] for f in frames[-2:]] == ["Interrupted", "End"]
+    again = await client.post(f"/agentik/conversations/{cid}/interrupt")
+    assert (await again.json()) == {"interrupted": False}
+
+
+async def test_agent_events_stream(client):
+    events = await client.get("/agentik/events")
+    cid = await new_conv(client)
+    await client.delete(f"/agentik/conversations/{cid}")
+    frames = await read_sse(events, until="ConversationDeleted")
+    assert [f["event"] for f in frames] == ["ConversationCreated", "ConversationDeleted"]
+    assert frames[0]["data"] == {"type": "ConversationCreated", "conversationId": cid}
+
+
+async def test_temp_conversation_over_http(client, db_path):
+    cid = await new_conv(client, temp=True)
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    await finish_turn(client, cid)
+    items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
+    assert [m["type"] for m in items] == ["user", "assistant"]
+    assert db_counts(db_path) == (0, 0, 0)
+    listed = (await (await client.get("/agentik/conversations")).json())["items"]
+    assert cid not in [c["id"] for c in listed]
+
+
+async def test_health(client):
+    r = await client.get("/health")
+    assert r.status == 200 and (await r.json())["status"] == "ok"
+
+
+async def test_shutdown_ends_open_streams(db_path):
+    from aiohttp import web
+
+    app = make_app(env={"AGENTIK_DB_PATH": str(db_path)})
+    runner = web.AppRunner(app, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(f"http://127.0.0.1:{port}/agentik/conversations")
+        cid = (await r.json())["id"]
+        streams = [
+            await s.get(f"http://127.0.0.1:{port}/agentik/conversations/{cid}/events"),
+            await s.get(f"http://127.0.0.1:{port}/agentik/events"),
+        ]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await runner.cleanup()
+        assert loop.time() - t0 < 3
+        for stream in streams:
+            assert await asyncio.wait_for(stream.content.read(), 3) is not None
+            assert stream.content.at_eof()

@@ -1,0 +1,167 @@
+"""Persistence (F2): the SQLite store on real files, read back with the sqlite3 module."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from agentik.core.db import Database
+from agentik.core.llm import HistoryItem
+from agentik.core.store import MemoryStore, SqliteStore, utcnow
+from agentik.core.types import ConversationInfo, InvalidInput, Message
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = SqliteStore(Database(str(tmp_path / "nested" / "dir" / "s.db")))
+    await s.open()
+    yield s
+    await s.close()
+
+
+def conv(cid: str = "c1") -> ConversationInfo:
+    now = utcnow()
+    return ConversationInfo(cid, None, False, now, now)
+
+
+def msg(mid: str, kind: str = "user", cid: str = "c1", **payload) -> Message:
+    return Message(mid, cid, kind, utcnow(), payload)
+
+
+async def test_creates_missing_folders_and_uses_wal(store, tmp_path):
+    path = tmp_path / "nested" / "dir" / "s.db"
+    assert path.exists()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"conversation", "message", "working_memory"} <= tables
+
+
+async def test_append_is_committed_when_it_returns(store, tmp_path):
+    await store.create_conversation(conv())
+    await store.append("c1", [msg("m1", body="x")])
+    # another connection sees it at once: the write was committed, not just queued
+    with sqlite3.connect(tmp_path / "nested" / "dir" / "s.db") as raw:
+        assert raw.execute("SELECT id, kind FROM message").fetchall() == [("m1", "user")]
+
+
+async def test_message_log_is_append_only(store, tmp_path):
+    await store.create_conversation(conv())
+    await store.append("c1", [msg("m1")])
+    with (
+        sqlite3.connect(tmp_path / "nested" / "dir" / "s.db") as raw,
+        pytest.raises(sqlite3.IntegrityError, match="append-only"),
+    ):
+        raw.execute("UPDATE message SET kind = 'assistant'")
+
+
+async def test_paging_with_after_offset_and_limit(store):
+    await store.create_conversation(conv())
+    await store.append("c1", [msg(f"m{i}") for i in range(10)])
+    assert [m.id for m in await store.list_messages("c1", None, 0, 3)] == ["m0", "m1", "m2"]
+    assert [m.id for m in await store.list_messages("c1", None, 8, 5)] == ["m8", "m9"]
+    assert [m.id for m in await store.list_messages("c1", "m6", 0, 50)] == ["m7", "m8", "m9"]
+    assert [m.id for m in await store.list_messages("c1", "m6", 1, 1)] == ["m8"]
+    with pytest.raises(InvalidInput):
+        await store.list_messages("c1", "nope", 0, 5)
+
+
+async def test_working_memory_append_list_clear_and_rollback(store):
+    await store.create_conversation(conv())
+    await store.append(
+        "c1", memory=[HistoryItem("user", "a"), HistoryItem("assistant", "b")], turn_id="t1"
+    )
+    await store.append(
+        "c1",
+        memory=[
+            HistoryItem("user", "c"),
+            HistoryItem("tool_call", call_id="x", tool_name="f", args_json="{}"),
+        ],
+        turn_id="t2",
+    )
+    rows = await store.list_memory("c1")
+    assert [r.order_idx for r in rows] == [0, 1, 2, 3]
+    assert rows[3].item == HistoryItem("tool_call", call_id="x", tool_name="f", args_json="{}")
+    await store.rollback_turn("c1", "t2")
+    assert [r.item.text for r in await store.list_memory("c1")] == ["a", "b"]
+    await store.clear_memory("c1")
+    assert await store.list_memory("c1") == []
+
+
+async def test_compact_is_atomic_and_keeps_order(store):
+    await store.create_conversation(conv())
+    await store.append("c1", memory=[HistoryItem("user", str(i)) for i in range(6)])
+    await store.compact_memory("c1", 4, HistoryItem("summary", "S"))
+    rows = await store.list_memory("c1")
+    assert [(r.item.role, r.item.text) for r in rows] == [
+        ("summary", "S"),
+        ("user", "4"),
+        ("user", "5"),
+    ]
+    await store.append("c1", memory=[HistoryItem("user", "6")])
+    assert [r.item.text for r in await store.list_memory("c1")][-1] == "6"
+
+
+async def test_delete_cascades(store, tmp_path):
+    await store.create_conversation(conv())
+    await store.append("c1", [msg("m1")], [HistoryItem("user", "a")])
+    assert await store.delete_conversation("c1")
+    assert not await store.delete_conversation("c1")
+    with sqlite3.connect(tmp_path / "nested" / "dir" / "s.db") as raw:
+        assert raw.execute("SELECT count(*) FROM message").fetchone()[0] == 0
+        assert raw.execute("SELECT count(*) FROM working_memory").fetchone()[0] == 0
+
+
+async def test_a_failed_transaction_writes_nothing(store):
+    await store.create_conversation(conv())
+    with pytest.raises(Exception, match="UNIQUE"):
+        await store.append("c1", [msg("m1"), msg("m1")], [HistoryItem("user", "a")])
+    assert await store.list_messages("c1", None, 0, 10) == []
+    assert await store.list_memory("c1") == []
+
+
+async def test_dangling_turns_and_token_stats(store):
+    await store.create_conversation(conv("a"))
+    await store.create_conversation(conv("b"))
+    await store.append(
+        "a",
+        [
+            msg("u1", cid="a"),
+            msg("r1", "assistant", cid="a", tokens={"input": 10, "output": 4}),
+            msg("u2", cid="a"),
+            msg("u3", cid="a"),
+        ],
+    )
+    await store.append("b", [msg("u4", cid="b"), msg("e4", "error", cid="b")])
+    assert await store.dangling_turns() == [("a", "u2"), ("a", "u3")]
+    stats = await store.token_stats()
+    assert (stats.turns, stats.input, stats.output) == (1, 10, 4)
+    assert (await store.token_stats("b")).turns == 0
+
+
+async def test_concurrent_writers_never_see_database_is_locked(store):
+    await store.create_conversation(conv())
+    await asyncio.gather(*(store.append("c1", [msg(f"m{i}")]) for i in range(200)))
+    assert len(await store.list_messages("c1", None, 0, 500)) == 200
+
+
+async def test_in_memory_database_works(tmp_path):
+    s = SqliteStore(Database(":memory:"))
+    await s.open()
+    await s.create_conversation(conv())
+    await s.append("c1", [msg("m1")])
+    assert len(await s.list_messages("c1", None, 0, 5)) == 1
+    await s.close()
+
+
+async def test_memory_store_matches_sqlite_semantics():
+    s = MemoryStore()
+    await s.create_conversation(conv())
+    await s.append("c1", [msg(f"m{i}") for i in range(4)], [HistoryItem("user", "a")], turn_id="t")
+    assert [m.id for m in await s.list_messages("c1", "m1", 0, 10)] == ["m2", "m3"]
+    await s.compact_memory("c1", 1, HistoryItem("summary", "S"))
+    assert [r.item.role for r in await s.list_memory("c1")] == ["summary"]
+    await s.rollback_turn("c1", "t")
+    assert len(await s.list_memory("c1")) == 1
