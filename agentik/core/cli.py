@@ -33,8 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="override AGENTIK_PORT")
     plugins = sub.add_parser("plugins", help="list plugins, their settings and what is active")
     plugins.add_argument("--json", action="store_true", help="print JSON")
-    plugins.add_argument("--settings-table", action="store_true",
-                         help="print every declared setting as a Markdown table (for docs)")
+    plugins.add_argument(
+        "--settings-table",
+        action="store_true",
+        help="print every declared setting as a Markdown table (for docs)",
+    )
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve_command(args.host, args.port)

@@ -8,7 +8,6 @@ import re
 from importlib import resources
 from typing import Any
 
-from agentik_transport_http.sse import StreamHub, resume_point
 from aiohttp import web
 
 from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
@@ -19,6 +18,7 @@ from agentik.core.types import (
     MessageContext,
     content_from_json,
 )
+from agentik_transport_http.sse import StreamHub, resume_point
 
 HUB = web.AppKey("agentik.http.streams", StreamHub)
 MAX_LIMIT = 200

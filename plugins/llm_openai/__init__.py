@@ -1,0 +1,63 @@
+"""The ``openai`` LLM backend (hooks only: ``openai`` is imported once this backend is chosen)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from agentik.core import settings as cfg
+from agentik.core.settings import Setting, Settings
+from agentik.hookspecs import hookimpl
+
+SETTINGS = (
+    Setting(
+        "OPENAI_BASE_URL",
+        None,
+        cfg.parse_url,
+        "Required for `openai`: the endpoint, e.g. https://api.openai.com/v1",
+    ),
+    Setting("OPENAI_API_KEY", None, str, "Required for `openai`: its API key.", secret=True),
+    Setting("OPENAI_MODEL", None, str, "Required for `openai`: the model, e.g. gpt-4o-mini."),
+    Setting(
+        "OPENAI_CONTEXT_WINDOW",
+        None,
+        cfg.parse_positive_int,
+        "Context window in tokens; turns on context compaction (coming with F10).",
+    ),
+    Setting("OPENAI_TIMEOUT", 60.0, cfg.parse_positive_float, "Seconds to wait for the endpoint."),
+    Setting("OPENAI_MAX_RETRIES", 2, cfg.parse_non_negative_int, "Retries on 429, 5xx, no reply."),
+)
+
+
+@hookimpl
+def register_settings(register: Callable[[Setting], None]) -> None:
+    for setting in SETTINGS:
+        register(setting)
+
+
+def make_backend(settings: Settings) -> Any:
+    settings.require("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL")
+    from agentik_llm_openai.backend import OpenAIBackend
+
+    return OpenAIBackend(
+        base_url=settings["OPENAI_BASE_URL"],
+        api_key=settings["OPENAI_API_KEY"],
+        model=settings["OPENAI_MODEL"],
+        timeout=settings["OPENAI_TIMEOUT"],
+        max_retries=settings["OPENAI_MAX_RETRIES"],
+        context_window=settings["OPENAI_CONTEXT_WINDOW"],
+    )
+
+
+@hookimpl
+def register_llm_backends(register: Callable[..., None]) -> None:
+    register("openai", make_backend, requires=("openai",), extra="openai")
+
+
+@hookimpl
+def banner_lines(agent: Any, settings: Settings) -> list[str] | None:
+    backend = sys.modules.get("agentik_llm_openai.backend")  # loaded only if this one was chosen
+    if backend is None or not isinstance(agent.llm, backend.OpenAIBackend):
+        return None
+    return [f"llm: {agent.llm.description}"]

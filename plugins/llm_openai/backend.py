@@ -1,0 +1,308 @@
+"""The ``openai`` backend: any OpenAI-compatible chat-completions endpoint.
+
+The SDK sends the request (auth, retries, status errors); the stream is read as raw SSE lines
+and each chunk parsed with ``json.loads``, which is an order of magnitude cheaper per token
+than the SDK's pydantic chunk objects (see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx2
+import openai
+
+from agentik.core.llm import (
+    HistoryItem,
+    LLMBackend,
+    LLMChunk,
+    LLMConversation,
+    LLMError,
+    LLMInput,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallRequest,
+    ToolResultInput,
+    Usage,
+    UserInput,
+)
+from agentik.core.tools import ToolSpec
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+NO_RESULT = "Error: no result was recorded for this tool call."
+
+
+class OpenAIBackend(LLMBackend):
+    capabilities = None
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        context_window: int | None = None,
+    ) -> None:
+        self.base_url, self.api_key, self.model = base_url, api_key, model
+        self.timeout, self.max_retries = timeout, max_retries
+        self.context_window = context_window
+        self.description = f"openai {model} @ {base_url}"
+        self._client: openai.AsyncOpenAI | None = None
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        if self._client is None:  # start() normally made it; be lenient in scripts and tests
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout,
+                max_retries=self.max_retries,
+            )
+        return self._client
+
+    async def start(self) -> None:
+        _ = self.client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def create_conversation(
+        self, system_prompt: str, history: Sequence[HistoryItem], tools: Sequence[ToolSpec]
+    ) -> OpenAIConversation:
+        return OpenAIConversation(self, history_messages(system_prompt, history), tools)
+
+    async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
+        messages: list[Message] = [{"role": "user", "content": prompt}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        try:
+            response = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+            )
+            if not response.choices:
+                raise LLMError(f"{self.base_url} answered with no choices", "bad_response")
+            return response.choices[0].message.content or ""
+        except LLMError:
+            raise
+        except Exception as e:
+            raise self.error(e) from e
+
+    def error(self, e: Exception) -> LLMError:
+        """Map an SDK or transport exception to an :class:`LLMError`."""
+        if isinstance(e, openai.APIStatusError):
+            body = e.body if isinstance(e.body, dict) else {}
+            raw = e.body if isinstance(e.body, str) else ""
+            upstream = body.get("message") or raw.strip() or e.message
+            return LLMError(
+                f"the model endpoint answered HTTP {e.status_code}: {str(upstream)[:500]}",
+                f"http_{e.status_code}",
+            )
+        if isinstance(e, openai.APITimeoutError | httpx2.TimeoutException):
+            return LLMError(
+                f"the model at {self.base_url} timed out after {self.timeout:g} s", "timeout"
+            )
+        if isinstance(e, openai.APIConnectionError):
+            cause = e.__cause__ or e
+            return LLMError(f"could not reach the model at {self.base_url}: {cause}", "connection")
+        if isinstance(e, httpx2.HTTPError):
+            return LLMError(
+                f"the connection to {self.base_url} broke during the reply: {e}", "connection"
+            )
+        if isinstance(e, ValueError | TypeError | AttributeError | KeyError):
+            # json.JSONDecodeError, or a chunk of the wrong shape
+            return LLMError(
+                f"{self.base_url} sent a malformed reply: {type(e).__name__}: {e}", "bad_response"
+            )
+        log.warning("unexpected error from the OpenAI client", exc_info=e)
+        return LLMError(f"the model call failed: {type(e).__name__}: {e}", "llm_error")
+
+
+class OpenAIConversation(LLMConversation):
+    """Holds the OpenAI ``messages`` of one chat; a reply is appended only once it completed."""
+
+    def __init__(
+        self, backend: OpenAIBackend, messages: list[Message], tools: Sequence[ToolSpec]
+    ) -> None:
+        self.backend = backend
+        self.messages = messages
+        self.tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                },
+            }
+            for t in tools
+        ]
+
+    async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        new = [input_message(i) for i in inputs]
+        request: dict[str, Any] = {
+            "model": self.backend.model,
+            "messages": self.messages + new,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.tools:
+            request["tools"] = self.tools
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        usage: Usage | None = None
+        finished = False
+        try:
+            create = self.backend.client.chat.completions.with_streaming_response.create
+            async with create(**request) as response:
+                async for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments, event names
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        finished = True
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise LLMError(
+                            f"the model stream failed: {_error_text(chunk)}", "upstream_error"
+                        )
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        if reasoning:
+                            yield ReasoningDelta(reasoning)
+                        content = delta.get("content")
+                        if content:
+                            text.append(content)
+                            yield TextDelta(content)
+                        for fragment in delta.get("tool_calls") or ():
+                            _add_fragment(calls, fragment)
+                        if choice.get("finish_reason"):
+                            finished = True
+                    if chunk.get("usage"):
+                        u = chunk["usage"]
+                        usage = Usage(u.get("prompt_tokens"), u.get("completion_tokens"))
+            if not finished:
+                raise LLMError(
+                    f"the reply from {self.backend.base_url} ended early", "bad_response"
+                )
+            requests = [_call_request(calls[i]) for i in sorted(calls)]
+        except LLMError:
+            raise
+        except Exception as e:
+            raise self.backend.error(e) from e
+        reply: Message = {"role": "assistant", "content": "".join(text) or None}
+        if requests:
+            reply["tool_calls"] = [
+                {
+                    "id": r.call_id,
+                    "type": "function",
+                    "function": {"name": r.name, "arguments": r.args_json},
+                }
+                for r in requests
+            ]
+        elif reply["content"] is None:
+            reply["content"] = ""
+        self.messages += [*new, reply]
+        for r in requests:
+            yield r
+        if usage is not None:
+            yield usage
+
+
+def _add_fragment(calls: dict[int, dict[str, Any]], fragment: dict[str, Any]) -> None:
+    """Accumulate one streamed tool-call fragment: id and name come first, arguments in parts."""
+    call = calls.setdefault(fragment.get("index", len(calls)), {"id": None, "name": "", "args": []})
+    if fragment.get("id"):
+        call["id"] = fragment["id"]
+    function = fragment.get("function") or {}
+    if function.get("name"):
+        call["name"] += function["name"]
+    if function.get("arguments"):
+        call["args"].append(function["arguments"])
+
+
+def _call_request(call: dict[str, Any]) -> ToolCallRequest:
+    if not call["name"]:
+        raise ValueError("a streamed tool call has no function name")
+    call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
+    return ToolCallRequest(call_id, call["name"], "".join(call["args"]) or "{}")
+
+
+def _error_text(chunk: dict[str, Any]) -> str:
+    error = chunk["error"]
+    return str(error.get("message") or error) if isinstance(error, dict) else str(error)
+
+
+def input_message(item: LLMInput) -> Message:
+    if isinstance(item, UserInput):
+        return {"role": "user", "content": item.text}
+    if isinstance(item, ToolResultInput):
+        return {"role": "tool", "tool_call_id": item.call_id, "content": item.text}
+    raise TypeError(f"unsupported LLM input {type(item).__name__}")
+
+
+def history_messages(system_prompt: str, history: Sequence[HistoryItem]) -> list[Message]:
+    """Working memory as OpenAI messages.
+
+    An assistant's text and the tool calls after it become one assistant message; every tool
+    call gets a tool message (a placeholder if none was recorded), as the API requires.
+    """
+    messages: list[Message] = (
+        [{"role": "system", "content": system_prompt}] if system_prompt else []
+    )
+    pending: list[str] = []  # call ids of the last assistant message still without a result
+
+    def settle() -> None:
+        messages.extend({"role": "tool", "tool_call_id": c, "content": NO_RESULT} for c in pending)
+        pending.clear()
+
+    for item in history:
+        if item.role == "tool_result":
+            if item.call_id in pending:
+                pending.remove(item.call_id)
+                messages.append(
+                    {"role": "tool", "tool_call_id": item.call_id, "content": item.text}
+                )
+            else:  # its call is not in memory (cut by a compaction): keep the text as context
+                settle()
+                messages.append(
+                    {"role": "user", "content": f"[Result of tool {item.tool_name}]\n{item.text}"}
+                )
+            continue
+        if item.role == "tool_call":
+            call_id = item.call_id or f"call_{uuid.uuid4().hex[:24]}"
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": item.tool_name or "", "arguments": item.args_json or "{}"},
+            }
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                settle()
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+            pending.append(call_id)
+            continue
+        settle()
+        if item.role in ("user", "assistant"):
+            messages.append({"role": item.role, "content": item.text})
+        elif item.role == "summary":
+            messages.append({"role": "user", "content": SUMMARY_PREFIX + item.text})
+        else:
+            log.warning("working-memory item with unknown role %r left out", item.role)
+    settle()
+    return messages

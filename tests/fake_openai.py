@@ -1,0 +1,259 @@
+"""A fake OpenAI-compatible chat-completions server (aiohttp, loopback) for tests and benchmarks.
+
+In-process::
+
+    fake = FakeOpenAI()
+    await fake.start()                      # fake.base_url == "http://127.0.0.1:PORT/v1"
+    fake.script(Reply("Hello there"), Reply(tool_calls=[("add", {"a": 1})]))
+    ...                                     # fake.requests holds every request body
+    await fake.close()
+
+As a process (end-to-end tests): ``python tests/fake_openai.py --port 0 --port-file PATH``
+writes the bound port to PATH and serves until SIGTERM; ``POST /_fake/script`` (a JSON list of
+Reply fields), ``GET /_fake/requests`` and ``POST /_fake/reset`` control it from outside.
+With an empty script it answers ``echo: <last user message text>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import re
+import signal
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+AUTO: Any = "auto"
+MODEL = "fake-model"
+SERVER_ERROR = "The server had an error while processing your request."
+CONTENT_TYPES = {True: "text/event-stream", False: "application/json"}
+ERRORS = {  # status -> (default message, type, code), shaped like OpenAI's error bodies
+    400: ("Invalid request.", "invalid_request_error", None),
+    401: ("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+    404: ("The model does not exist.", "invalid_request_error", "model_not_found"),
+    429: ("Rate limit reached for requests.", "requests", "rate_limit_exceeded"),
+}
+
+
+@dataclass
+class Reply:
+    """One scripted answer. With ``status`` other than 200, ``text`` is the error message."""
+
+    text: str = ""
+    chunks: int | None = None  # split text into this many chunks (default: one per word)
+    tool_calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
+    reasoning: str = ""  # streamed as delta.reasoning_content before the text
+    usage: tuple[int, int] | None = AUTO  # (prompt, completion); AUTO: ~chars/4; None: omit
+    status: int = 200
+    delay: float = 0.0  # seconds before each chunk
+    hang: bool = False  # send the headers, then nothing until the server closes
+    fail_after: int | None = None  # drop the connection after this many chunks
+    raw: str | None = None  # streamed verbatim instead of chunks (malformed streams)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Reply:
+        raw = dict(raw)
+        raw["tool_calls"] = [tuple(c) for c in raw.get("tool_calls", [])]
+        if isinstance(raw.get("usage"), list):
+            raw["usage"] = tuple(raw["usage"])
+        return cls(**raw)
+
+
+def split(text: str, n: int | None) -> list[str]:
+    if not text:
+        return []
+    if n is None:
+        return re.findall(r"\s*\S+|\s+$", text)
+    n = max(1, min(n, len(text)))
+    cuts = [len(text) * i // n for i in range(n + 1)]
+    return [text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def message_text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+    return Reply(f"echo: {message_text(users[-1]) if users else ''}")
+
+
+def deltas(reply: Reply, calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """The streamed deltas: role, reasoning, text, then each tool call in 3+ fragments."""
+    out: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    out += [{"reasoning_content": p} for p in split(reply.reasoning, reply.chunks)]
+    out += [{"content": p} for p in split(reply.text, reply.chunks)]
+    for i, (call_id, name, args) in enumerate(calls):
+        head = {"index": i, "id": call_id, "type": "function"}
+        out.append({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})
+        half = len(args) // 2
+        out += [{"tool_calls": [{"index": i, "function": {"arguments": part}}]}
+                for part in (args[:half], args[half:])]  # fmt: skip
+    return out
+
+
+def usage_of(body: dict[str, Any], reply: Reply, calls: list[tuple[str, str, str]]) -> Any:
+    usage = reply.usage
+    if usage is AUTO:
+        out = len(reply.text) + len(reply.reasoning) + sum(len(c[2]) for c in calls)
+        usage = (max(1, len(json.dumps(body.get("messages", []))) // 4), max(1, out // 4))
+    if usage is None:
+        return None
+    return {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+
+
+class FakeOpenAI:
+    def __init__(self, *, default: Callable[[dict[str, Any]], Reply] | None = None) -> None:
+        self.default = default or echo
+        self.requests: list[dict[str, Any]] = []
+        self._script: deque[Reply] = deque()
+        self._closing = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.host, self.port = "127.0.0.1", 0
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self._completions)
+        self.app.router.add_get("/v1/models", self._models)
+        self.app.router.add_post("/_fake/script", self._control_script)
+        self.app.router.add_get("/_fake/requests", self._control_requests)
+        self.app.router.add_post("/_fake/reset", self._control_reset)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        self.host, self.port = host, sock.getsockname()[1]
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    async def close(self) -> None:
+        self._closing.set()  # releases hanging replies
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def script(self, *replies: Reply) -> None:
+        self._script.extend(replies)
+
+    # --- the OpenAI API -------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "fake"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        reply = self._script.popleft() if self._script else self.default(body)
+        stream = bool(body.get("stream"))
+        if reply.status != 200:
+            text, kind, code = ERRORS.get(reply.status, (SERVER_ERROR, "server_error", None))
+            error = {"message": reply.text or text, "type": kind, "param": None, "code": code}
+            return web.json_response({"error": error}, status=reply.status)
+        if reply.hang:  # the headers, then nothing until close()
+            resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[stream]})
+            await resp.prepare(request)
+            await self._closing.wait()
+            return resp
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                "model": body.get("model", MODEL)}  # fmt: skip
+        calls = [(f"call_{uuid.uuid4().hex[:24]}", name, a if isinstance(a, str) else json.dumps(a))
+                 for name, a in reply.tool_calls]  # fmt: skip
+        usage = usage_of(body, reply, calls)
+        finish = "tool_calls" if calls else "stop"
+        if not stream:
+            await asyncio.sleep(reply.delay)
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
+            if calls:
+                message["tool_calls"] = [{"id": i, "type": "function", "function": {
+                    "name": n, "arguments": a}} for i, n, a in calls]  # fmt: skip
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            whole = {**base, "object": "chat.completion", "choices": [choice]}
+            return web.json_response({**whole, "usage": usage} if usage else whole)
+
+        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[True]})
+        await resp.prepare(request)
+        if reply.raw is not None:
+            await resp.write(reply.raw.encode())
+            await resp.write_eof()
+            return resp
+        chunk = {**base, "object": "chat.completion.chunk"}
+        frames = [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+                  for d in deltas(reply, calls)]  # fmt: skip
+        frames.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        if usage and (body.get("stream_options") or {}).get("include_usage"):
+            frames.append({**chunk, "choices": [], "usage": usage})
+        try:
+            for n, frame in enumerate(frames):
+                if reply.fail_after is not None and n >= reply.fail_after:
+                    assert request.transport is not None
+                    request.transport.close()  # a broken stream: no terminating chunk
+                    return resp
+                if reply.delay:
+                    await asyncio.sleep(reply.delay)
+                await resp.write(b"data: " + json.dumps(frame).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away
+        return resp
+
+    # --- control endpoints (for tests that run the fake as another process) ---------------
+
+    async def _control_script(self, request: web.Request) -> web.Response:
+        self.script(*(Reply.from_json(r) for r in await request.json()))
+        return web.json_response({"queued": len(self._script)})
+
+    async def _control_requests(self, request: web.Request) -> web.Response:
+        return web.json_response(self.requests)
+
+    async def _control_reset(self, request: web.Request) -> web.Response:
+        self._script.clear()
+        self.requests.clear()
+        return web.json_response({"ok": True})
+
+
+async def _serve(host: str, port: int, port_file: Path | None) -> None:
+    fake = FakeOpenAI()
+    await fake.start(host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if port_file is not None:  # written atomically: a reader never sees an empty file
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(str(fake.port))
+        tmp.replace(port_file)
+    print(f"fake OpenAI on {fake.base_url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await fake.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="A fake OpenAI-compatible server.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file", type=Path)
+    args = parser.parse_args()
+    asyncio.run(_serve(args.host, args.port, args.port_file))

@@ -1,0 +1,32 @@
+"""The docs a user reads stay true: the README's configuration table and the two commands."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from agentik.core.cli import settings_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_configuration_table_matches_the_declared_settings():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- settings:start -->\n(.*?)\n<!-- settings:end -->", readme, re.S)
+    assert block, "README.md lacks the settings markers"
+    assert block.group(1) == settings_table(), (
+        "README configuration table is stale: paste the output of "
+        "`agentik plugins --settings-table` between the settings markers"
+    )
+
+
+def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    assert "make serve" in readme and "make test" in readme
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_docs_link_to_files_that_exist():
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+            assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"

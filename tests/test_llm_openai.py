@@ -1,0 +1,612 @@
+"""The ``openai`` backend against the fake OpenAI-compatible server on loopback (no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+
+import agentik_llm_openai as plugin
+from agentik.core.agent import ChatAgent
+from agentik.core.llm import (
+    HistoryItem,
+    LLMChunk,
+    LLMConversation,
+    LLMError,
+    LLMInput,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallRequest,
+    ToolResultInput,
+    Usage,
+    UserInput,
+)
+from agentik.core.registry import BackendRegistry
+from agentik.core.settings import Settings, SettingsError
+from agentik.core.store import MemoryStore
+from agentik.core.tools import ToolRegistry, ToolSpec, tool
+from agentik.core.types import End, Error, TextPart
+from agentik_llm_openai.backend import NO_RESULT, OpenAIBackend, _add_fragment, history_messages
+from tests.fake_openai import FakeOpenAI, Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+WEATHER = ToolSpec(
+    "get_weather",
+    "Weather of a city.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    await server.start()
+    yield server
+    await server.close()
+
+
+def make_backend(base_url: str, **kw: Any) -> OpenAIBackend:
+    kw = {"timeout": 5.0, "max_retries": 0, **kw}
+    return OpenAIBackend(base_url=base_url, api_key="sk-test", model="fake-model", **kw)
+
+
+@pytest.fixture
+async def backend(fake: FakeOpenAI) -> AsyncIterator[OpenAIBackend]:
+    llm = make_backend(fake.base_url)
+    await llm.start()
+    yield llm
+    await llm.aclose()
+
+
+async def collect(conv: LLMConversation, inputs: Sequence[LLMInput]) -> list[LLMChunk]:
+    return [chunk async for chunk in conv.stream(inputs)]
+
+
+def text_of(chunks: list[LLMChunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+
+
+# --- streaming ---------------------------------------------------------------------------
+
+
+async def test_text_streams_in_order_with_usage(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    reply = "The quick brown fox jumps over the lazy dog."
+    fake.script(Reply(reply, chunks=6, usage=(42, 9)))
+    conv = backend.create_conversation("Be brief.", [], [])
+    chunks = await collect(conv, [UserInput("Tell me a sentence.")])
+    deltas = [c for c in chunks if isinstance(c, TextDelta)]
+    assert len(deltas) == 6
+    assert text_of(chunks) == reply
+    assert chunks[-1] == Usage(42, 9)
+    body = fake.requests[0]
+    assert body["model"] == "fake-model"
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert "tools" not in body
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me a sentence."},
+    ]
+    assert conv.messages[-1] == {"role": "assistant", "content": reply}
+
+
+async def test_usage_omitted_and_reasoning(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    fake.script(Reply("Four.", reasoning="Two plus two is four.", usage=None))
+    chunks = await collect(backend.create_conversation("", [], []), [UserInput("2+2?")])
+    assert not any(isinstance(c, Usage) for c in chunks)
+    kinds = [type(c) for c in chunks]
+    assert kinds.index(ReasoningDelta) < kinds.index(TextDelta)
+    assert "".join(c.text for c in chunks if isinstance(c, ReasoningDelta)) == (
+        "Two plus two is four."
+    )
+    assert text_of(chunks) == "Four."
+    assert fake.requests[0]["messages"] == [{"role": "user", "content": "2+2?"}]  # no system
+
+
+async def test_parallel_tool_calls_accumulate_by_index(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    fake.script(
+        Reply(
+            "Checking both.",
+            tool_calls=[
+                ("get_weather", {"city": "Paris", "note": "a longer argument string " * 3}),
+                ("get_weather", {"city": "Tokyo"}),
+            ],
+        )
+    )
+    conv = backend.create_conversation("", [], [WEATHER])
+    chunks = await collect(conv, [UserInput("Weather in Paris and Tokyo?")])
+    calls = [c for c in chunks if isinstance(c, ToolCallRequest)]
+    assert [c.name for c in calls] == ["get_weather", "get_weather"]
+    assert [json.loads(c.args_json)["city"] for c in calls] == ["Paris", "Tokyo"]
+    assert calls[0].call_id != calls[1].call_id
+    assert text_of(chunks) == "Checking both."
+    assert fake.requests[0]["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather of a city.",
+                "parameters": WEATHER.parameters,
+            },
+        }
+    ]
+
+
+def test_fragments_interleaved_across_indexes() -> None:
+    calls: dict[int, dict[str, Any]] = {}
+    for fragment in [
+        {
+            "index": 0,
+            "id": "call_a",
+            "type": "function",
+            "function": {"name": "add", "arguments": ""},
+        },
+        {
+            "index": 1,
+            "id": "call_b",
+            "type": "function",
+            "function": {"name": "mul", "arguments": '{"x"'},
+        },
+        {"index": 0, "function": {"arguments": '{"a": 1,'}},
+        {"index": 1, "function": {"arguments": ": 3}"}},
+        {"index": 0, "function": {"arguments": ' "b": 2}'}},
+    ]:
+        _add_fragment(calls, fragment)
+    assert calls[0] == {"id": "call_a", "name": "add", "args": ['{"a": 1,', ' "b": 2}']}
+    assert "".join(calls[1]["args"]) == '{"x": 3}'
+
+
+async def test_multi_step_tool_conversation_messages(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    fake.script(
+        Reply(tool_calls=[("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+        Reply("Paris is sunny, Rome is rainy."),
+        Reply("You're welcome."),
+    )
+    conv = backend.create_conversation("sys", [], [WEATHER])
+    calls = [
+        c for c in await collect(conv, [UserInput("Weather?")]) if isinstance(c, ToolCallRequest)
+    ]
+    results = [
+        ToolResultInput(calls[0].call_id, "get_weather", "sunny"),
+        ToolResultInput(calls[1].call_id, "get_weather", "rainy"),
+    ]
+    assert text_of(await collect(conv, results)) == "Paris is sunny, Rome is rainy."
+    await collect(conv, [UserInput("Thanks!")])
+
+    assistant_calls = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": calls[0].call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            },
+            {
+                "id": calls[1].call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+            },
+        ],
+    }
+    step2 = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "Weather?"},
+        assistant_calls,
+        {"role": "tool", "tool_call_id": calls[0].call_id, "content": "sunny"},
+        {"role": "tool", "tool_call_id": calls[1].call_id, "content": "rainy"},
+    ]
+    assert fake.requests[1]["messages"] == step2
+    assert fake.requests[2]["messages"] == [
+        *step2,
+        {"role": "assistant", "content": "Paris is sunny, Rome is rainy."},
+        {"role": "user", "content": "Thanks!"},
+    ]
+
+
+# --- history ------------------------------------------------------------------------------
+
+
+def test_history_merges_text_and_tool_calls_and_keeps_summary() -> None:
+    history = [
+        HistoryItem("summary", "The user is planning a trip."),
+        HistoryItem("user", "Weather in Paris and Rome?"),
+        HistoryItem("assistant", "Let me check."),
+        HistoryItem("tool_call", call_id="c1", tool_name="get_weather", args_json='{"city":"P"}'),
+        HistoryItem("tool_call", call_id="c2", tool_name="get_weather", args_json='{"city":"R"}'),
+        HistoryItem("tool_result", "sunny", call_id="c1", tool_name="get_weather"),
+        HistoryItem("tool_result", "rainy", call_id="c2", tool_name="get_weather"),
+        HistoryItem("tool_call", call_id="c3", tool_name="get_weather", args_json=""),
+        HistoryItem("tool_result", "windy", call_id="c3", tool_name="get_weather"),
+        HistoryItem("assistant", "Sunny in Paris, rainy in Rome."),
+    ]
+    assert history_messages("sys", history) == [
+        {"role": "system", "content": "sys"},
+        {
+            "role": "user",
+            "content": "Summary of the earlier conversation:\nThe user is planning a trip.",
+        },
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"P"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"R"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rainy"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c3",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c3", "content": "windy"},
+        {"role": "assistant", "content": "Sunny in Paris, rainy in Rome."},
+    ]
+
+
+def test_history_repairs_unpaired_tool_items() -> None:
+    history = [
+        HistoryItem("tool_result", "42", call_id="gone", tool_name="calc"),  # call compacted away
+        HistoryItem("tool_call", call_id="c1", tool_name="calc", args_json="{}"),
+        HistoryItem("user", "next"),  # c1 never got a result
+    ]
+    assert history_messages("", history) == [
+        {"role": "user", "content": "[Result of tool calc]\n42"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": NO_RESULT},
+        {"role": "user", "content": "next"},
+    ]
+
+
+async def test_conversation_from_history_sends_it(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    history = [HistoryItem("user", "My name is Ada."), HistoryItem("assistant", "Hello Ada!")]
+    conv = backend.create_conversation("sys", history, [])
+    assert text_of(await collect(conv, [UserInput("What is my name?")])) == (
+        "echo: What is my name?"
+    )
+    assert fake.requests[0]["messages"] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Hello Ada!"},
+        {"role": "user", "content": "What is my name?"},
+    ]
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 429, 401])
+async def test_http_errors(fake: FakeOpenAI, backend: OpenAIBackend, status: int) -> None:
+    fake.script(Reply(f"upstream says no ({status})", status=status))
+    conv = backend.create_conversation("", [], [])
+    with pytest.raises(LLMError) as info:
+        await collect(conv, [UserInput("hi")])
+    assert info.value.code == f"http_{status}"
+    assert f"upstream says no ({status})" in info.value.message
+    assert str(status) in info.value.message
+    assert conv.messages == []
+
+
+async def test_default_error_message_of_the_fake(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    fake.script(Reply(status=401))
+    with pytest.raises(LLMError, match="Incorrect API key provided") as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.code == "http_401"
+
+
+async def test_retries_then_succeeds(fake: FakeOpenAI) -> None:
+    llm = make_backend(fake.base_url, max_retries=1)
+    fake.script(Reply(status=500), Reply("recovered"))
+    try:
+        chunks = await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+    finally:
+        await llm.aclose()
+    assert text_of(chunks) == "recovered"
+    assert len(fake.requests) == 2
+
+
+async def test_timeout(fake: FakeOpenAI) -> None:
+    llm = make_backend(fake.base_url, timeout=0.3)
+    fake.script(Reply(hang=True), Reply(hang=True))
+    try:
+        with pytest.raises(LLMError) as info:
+            await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+        assert info.value.code == "timeout"
+        with pytest.raises(LLMError) as info:
+            await llm.complete("hi")
+        assert info.value.code == "timeout"
+    finally:
+        await llm.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_connection_refused() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    llm = make_backend(url)
+    try:
+        with pytest.raises(LLMError) as info:
+            await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+        assert info.value.code == "connection"
+        assert url in info.value.message
+        with pytest.raises(LLMError) as info:
+            await llm.complete("hi")
+        assert info.value.code == "connection"
+    finally:
+        await llm.aclose()
+
+
+async def test_broken_stream_leaves_messages_clean(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    conv = backend.create_conversation(
+        "sys", [HistoryItem("user", "a"), HistoryItem("assistant", "b")], []
+    )
+    before = list(conv.messages)
+    fake.script(Reply("one two three four five six", fail_after=3), Reply("fine"))
+    received: list[LLMChunk] = []
+    with pytest.raises(LLMError) as info:
+        async for chunk in conv.stream([UserInput("count")]):
+            received.append(chunk)
+    assert text_of(received) == "one two"  # the role chunk, then two words, then the drop
+    assert info.value.code == "connection"
+    assert conv.messages == before
+    await collect(conv, [UserInput("again")])
+    assert fake.requests[1]["messages"] == [*before, {"role": "user", "content": "again"}]
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ("data: {not json\n\n", "bad_response"),
+        ('data: {"choices": "nope"}\n\n', "bad_response"),
+        ('data: {"choices": [{"index": 0, "delta": {"content": "cut"}}]}\n\n', "bad_response"),
+        ('data: {"error": {"message": "model overloaded"}}\n\n', "upstream_error"),
+    ],
+)
+async def test_malformed_streams(
+    fake: FakeOpenAI, backend: OpenAIBackend, raw: str, code: str
+) -> None:
+    fake.script(Reply(raw=raw))
+    conv = backend.create_conversation("", [], [])
+    with pytest.raises(LLMError) as info:
+        await collect(conv, [UserInput("hi")])
+    assert info.value.code == code
+    assert conv.messages == []
+
+
+async def test_cancel_mid_stream_keeps_messages_clean(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    fake.script(Reply("slow " * 50, delay=0.02))
+    conv = backend.create_conversation("", [], [])
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in conv.stream([UserInput("go")]):
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert conv.messages == []
+
+
+# --- complete() ---------------------------------------------------------------------------
+
+
+async def test_complete(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    fake.script(Reply("A short summary."), Reply("upstream broke", status=503))
+    assert await backend.complete("Summarize this.", system_prompt="Be terse.") == (
+        "A short summary."
+    )
+    assert not fake.requests[0].get("stream")
+    assert fake.requests[0]["messages"] == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Summarize this."},
+    ]
+    with pytest.raises(LLMError) as info:
+        await backend.complete("again")
+    assert info.value.code == "http_503"
+    assert "upstream broke" in info.value.message
+
+
+# --- the plugin ---------------------------------------------------------------------------
+
+
+def test_plugin_import_does_not_import_openai() -> None:
+    code = "import sys, agentik_llm_openai; assert 'openai' not in sys.modules, 'imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+def settings(**env: str) -> Settings:
+    return Settings(plugin.SETTINGS, env)
+
+
+def test_factory_names_missing_settings() -> None:
+    with pytest.raises(SettingsError, match="OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL"):
+        plugin.make_backend(settings())
+    with pytest.raises(SettingsError) as info:
+        plugin.make_backend(settings(OPENAI_BASE_URL="http://localhost:1/v1"))
+    assert "OPENAI_API_KEY, OPENAI_MODEL must be set" in str(info.value)
+    assert "OPENAI_BASE_URL" not in str(info.value)
+
+
+def test_settings_validated() -> None:
+    with pytest.raises(SettingsError, match="OPENAI_MAX_RETRIES"):
+        settings(OPENAI_MAX_RETRIES="-1")
+    with pytest.raises(SettingsError, match="OPENAI_BASE_URL"):
+        settings(OPENAI_BASE_URL="localhost:8000")
+    with pytest.raises(SettingsError, match="OPENAI_CONTEXT_WINDOW"):
+        settings(OPENAI_CONTEXT_WINDOW="0")
+    with pytest.raises(SettingsError, match="OPENAI_TIMEOUT"):
+        settings(OPENAI_TIMEOUT="soon")
+    assert next(s for s in plugin.SETTINGS if s.name == "OPENAI_API_KEY").secret
+    assert all(s.help for s in plugin.SETTINGS)
+    defaults = settings()
+    assert defaults["OPENAI_TIMEOUT"] == 60 and defaults["OPENAI_MAX_RETRIES"] == 2
+    assert defaults["OPENAI_CONTEXT_WINDOW"] is None
+
+
+def test_registered_backend_and_banner() -> None:
+    registry = BackendRegistry("llm")
+    plugin.register_llm_backends(register=registry.register_for("agentik_llm_openai"))
+    entry = registry.get("openai", variable="AGENTIK_LLM_BACKEND")
+    assert entry.extra == "openai" and entry.requires == ("openai",)
+    llm = entry.factory(
+        settings(
+            OPENAI_BASE_URL="http://localhost:11434/v1/",
+            OPENAI_API_KEY="k",
+            OPENAI_MODEL="llama3.2",
+            OPENAI_CONTEXT_WINDOW="8192",
+            OPENAI_TIMEOUT="2.5",
+        )
+    )
+    assert isinstance(llm, OpenAIBackend)
+    assert (llm.base_url, llm.model, llm.timeout, llm.context_window) == (
+        "http://localhost:11434/v1",
+        "llama3.2",
+        2.5,
+        8192,
+    )
+    assert llm.capabilities is None
+    assert plugin.banner_lines(agent=SimpleNamespace(llm=llm), settings=settings()) == [
+        "llm: openai llama3.2 @ http://localhost:11434/v1"
+    ]
+    assert plugin.banner_lines(agent=SimpleNamespace(llm=object()), settings=settings()) is None
+
+
+# --- with the turn engine -----------------------------------------------------------------
+
+
+async def run_turn(conv: Any, text: str) -> list[Any]:
+    events = conv.events()
+    await conv.send([TextPart(text)])
+    out = []
+    async for item in events:
+        out.append(item.event)
+        if isinstance(item.event, End):
+            return out
+    return out
+
+
+async def test_tool_turn_through_the_chat_agent(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    @tool
+    def add(a: int, b: int) -> str:
+        """Add two numbers."""
+        return str(a + b)
+
+    agent = ChatAgent(
+        store=MemoryStore(),
+        llm=backend,
+        tools=ToolRegistry([add]),
+        prompt_sections=[(100, "base", lambda: "sys")],
+    )
+    conv = await agent.create_conversation()
+    fake.script(
+        Reply("Adding.", tool_calls=[("add", {"a": 2, "b": 3})]),
+        Reply("It is 5."),
+        Reply(status=500),
+        Reply("Still here."),
+    )
+    events = await asyncio.wait_for(run_turn(conv, "2+3?"), 10)
+    assert "".join(getattr(e, "text", "") for e in events if e.type == "AppendText") == (
+        "Adding.It is 5."
+    )
+    assert fake.requests[1]["messages"][-1]["content"] == "5"
+    events = await asyncio.wait_for(run_turn(conv, "fail"), 10)
+    assert next(e for e in events if isinstance(e, Error)).code == "http_500"
+    await asyncio.wait_for(run_turn(conv, "and now?"), 10)
+    roles = [m["role"] for m in fake.requests[3]["messages"]]  # rebuilt from working memory
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert fake.requests[3]["messages"][2]["content"] == "Adding."
+    await agent.close()
+
+
+# --- the fake itself, as another process --------------------------------------------------
+
+
+async def test_fake_as_a_process(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    args = [str(ROOT / "tests" / "fake_openai.py"), "--port", "0", "--port-file", str(port_file)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            assert proc.returncode is None and time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        base = f"http://127.0.0.1:{port_file.read_text()}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/v1/models") as r:
+                assert (await r.json())["data"][0]["id"] == "fake-model"
+            script = [
+                {"text": "from the script", "tool_calls": [["add", {"a": 1}]], "usage": [7, 3]}
+            ]
+            async with http.post(f"{base}/_fake/script", json=script) as r:
+                assert r.status == 200
+            llm = make_backend(f"{base}/v1")
+            try:
+                chunks = await collect(llm.create_conversation("", [], []), [UserInput("x")])
+            finally:
+                await llm.aclose()
+            assert text_of(chunks) == "from the script"
+            call, usage = chunks[-2:]
+            assert isinstance(call, ToolCallRequest)
+            assert (call.name, call.args_json, usage) == ("add", '{"a": 1}', Usage(7, 3))
+            async with http.get(f"{base}/_fake/requests") as r:
+                assert [b["messages"] for b in await r.json()] == [
+                    [{"role": "user", "content": "x"}]
+                ]
+            async with http.post(f"{base}/_fake/reset") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/_fake/requests") as r:
+                assert await r.json() == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0

@@ -1,0 +1,237 @@
+"""End to end: the real ``agentik serve`` process, over real HTTP, against the fake OpenAI
+server in its own process. Includes the crash test (SIGKILL mid-turn, restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from tests.conftest import BIN, read_sse, script_fake
+
+TEXT = [{"type": "text", "body": "hello agent"}]
+
+
+def openai_env(base_url: str, **extra: str) -> dict[str, str]:
+    return {
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_MODEL": "fake-model",
+        "OPENAI_MAX_RETRIES": "0",
+        **extra,
+    }
+
+
+async def post_message(session, base: str, cid: str, body=TEXT) -> dict:
+    async with session.post(f"{base}/agentik/conversations/{cid}/messages", json=body) as r:
+        assert r.status == 202, await r.text()
+        return await r.json()
+
+
+async def history(session, base: str, cid: str) -> list[dict]:
+    async with session.get(f"{base}/agentik/conversations/{cid}/messages?limit=200") as r:
+        return (await r.json())["items"]
+
+
+async def new_conversation(session, base: str) -> str:
+    async with session.post(f"{base}/agentik/conversations") as r:
+        assert r.status == 201
+        return (await r.json())["id"]
+
+
+async def test_a_streamed_conversation_end_to_end(serve, fake_openai_proc):
+    proc, base = serve(openai_env(fake_openai_proc))
+    await script_fake(fake_openai_proc, {"text": "Hi there, how can I help?", "usage": [42, 7]})
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        frames = await read_sse(events)
+        events.close()
+        assert frames[0]["event"] == "StartResponse" and frames[-1]["event"] == "End"
+        text = "".join(f["data"]["text"] for f in frames if f["event"] == "AppendText")
+        assert text == "Hi there, how can I help?"
+        items = await history(s, base, cid)
+        assert [m["type"] for m in items] == ["user", "assistant"]
+        assert items[1]["tokens"] == {"input": 42, "output": 7}
+        # the second turn reuses the conversation: the fake sees the whole history
+        await post_message(s, base, cid, [{"type": "text", "body": "again"}])
+        for _ in range(200):
+            if len(await history(s, base, cid)) == 4:
+                break
+            await asyncio.sleep(0.02)
+        async with s.get(fake_openai_proc.removesuffix("/v1") + "/_fake/requests") as r:
+            sent = await r.json()
+        roles = [m["role"] for m in sent[-1]["messages"]]
+        assert roles == ["system", "user", "assistant", "user"]
+        assert sent[-1]["stream"] is True
+    assert "storage:" in proc.output and "llm: openai fake-model" in proc.output
+    assert proc.stop() == 0
+
+
+async def test_tool_call_end_to_end_is_linked_in_history(serve, fake_openai_proc, tmp_path):
+    """An in-agent tool from a real installed plugin is not available here, so the model calls
+    a tool that does not exist: the loop must still record the linked pair and go on."""
+    _, base = serve(openai_env(fake_openai_proc))
+    await script_fake(fake_openai_proc, {"tool_calls": [["lookup", {"q": "x"}]]}, {"text": "done"})
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        frames = await read_sse(events)
+        kinds = [f["event"] for f in frames]
+        assert kinds[0] == "ToolCall" and kinds[1] == "ToolResult" and kinds[-1] == "End"
+        assert frames[1]["data"]["callId"] == frames[0]["data"]["callId"]
+        items = await history(s, base, cid)
+        assert [m["type"] for m in items] == ["user", "tool_call", "tool_result", "assistant"]
+        assert items[2]["toolCallId"] == items[1]["id"]
+        async with s.get(fake_openai_proc.removesuffix("/v1") + "/_fake/requests") as r:
+            last = (await r.json())[-1]["messages"]
+        assert last[-1]["role"] == "tool"
+        assert last[-1]["tool_call_id"] == frames[0]["data"]["callId"]
+
+
+async def test_upstream_errors_follow_the_error_path(serve, fake_openai_proc):
+    _, base = serve(openai_env(fake_openai_proc))
+    await script_fake(fake_openai_proc, {"status": 503, "text": "overloaded"})
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        frames = await read_sse(events)
+        assert [f["event"] for f in frames] == ["Error", "End"]
+        assert frames[0]["data"]["code"] == "http_503"
+        assert "overloaded" in frames[0]["data"]["message"]
+        items = await history(s, base, cid)
+        assert [m["type"] for m in items] == ["user", "error"]
+        await post_message(s, base, cid)  # the next send works
+        frames = await read_sse(events)
+        assert frames[-2]["event"] == "AppendText"
+        events.close()
+
+
+async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc, tmp_path):
+    env = openai_env(fake_openai_proc)
+    proc, base = serve(env)
+    await script_fake(fake_openai_proc, {"text": "word " * 400, "delay": 0.02})
+    acked = []
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        acked.append((await post_message(s, base, cid))["id"])
+        acked.append((await post_message(s, base, cid, [{"type": "text", "body": "queued"}]))["id"])
+        for _ in range(3):  # the turn is streaming
+            await events.content.readline()
+        proc.stop(signal.SIGKILL)
+        events.close()
+    # every acknowledged message is in the file, readable by plain sqlite3
+    with sqlite3.connect(tmp_path / "agentik.db") as raw:
+        stored = {r[0] for r in raw.execute("SELECT id FROM message WHERE kind = 'user'")}
+    assert set(acked) <= stored
+    proc2, base = serve(env)
+    async with aiohttp.ClientSession() as s:
+        items = await history(s, base, cid)
+        assert [m["type"] for m in items] == ["user", "user", "error", "error"]
+        assert {m["userMessageId"] for m in items if m["type"] == "error"} == set(acked)
+        assert all(m["code"] == "restart" for m in items if m["type"] == "error")
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid, [{"type": "text", "body": "after the crash"}])
+        frames = await read_sse(events)
+        events.close()
+        assert "".join(f["data"].get("text", "") for f in frames) == "echo: after the crash"
+    assert proc2.stop() == 0
+
+
+async def test_sigterm_mid_stream_exits_quickly_and_cleanly(serve, fake_openai_proc, tmp_path):
+    proc, base = serve(openai_env(fake_openai_proc))
+    await script_fake(fake_openai_proc, {"text": "slow " * 500, "delay": 0.05})
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        await events.content.readline()
+        t0 = time.monotonic()
+        assert proc.stop(signal.SIGTERM) == 0
+        assert time.monotonic() - t0 < 5
+        await asyncio.wait_for(events.content.read(), 5)  # the stream ended
+        events.close()
+    with sqlite3.connect(tmp_path / "agentik.db") as raw:
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        kinds = [r[0] for r in raw.execute("SELECT kind FROM message ORDER BY seq")]
+    assert kinds == ["user", "assistant"]  # the cut turn was closed as interrupted
+    assert (
+        not (tmp_path / "agentik.db-wal").exists()
+        or (tmp_path / "agentik.db-wal").stat().st_size == 0
+    )
+
+
+def test_no_llm_configured_tells_the_newcomer_what_to_set(serve):
+    proc, _ = serve({}, wait=False)
+    assert proc.proc.wait(15) == 2
+    out = proc.output
+    assert "OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL must be set" in out
+    assert "OPENAI_BASE_URL=http://localhost:11434/v1" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AGENTIK_PORT": "eighty"}, "AGENTIK_PORT='eighty' is invalid"),
+        ({"AGENTIK_LOG_LEVEL": "loud"}, "AGENTIK_LOG_LEVEL='loud' is invalid"),
+        ({"AGENTIK_LLM_BACKEND": "nope"}, "AGENTIK_LLM_BACKEND='nope': unknown llm backend"),
+        ({"OPENAI_BASE_URL": "localhost:1234"}, "OPENAI_BASE_URL='localhost:1234' is invalid"),
+    ],
+)
+def test_invalid_settings_stop_start_up_with_one_line(serve, env, message):
+    proc, _ = serve(
+        {
+            "OPENAI_API_KEY": "k",
+            "OPENAI_MODEL": "m",
+            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+            **env,
+        },
+        wait=False,
+    )
+    assert proc.proc.wait(15) == 2
+    lines = [line for line in proc.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.output
+
+
+def test_blank_settings_mean_defaults(serve, fake_openai_proc):
+    proc, _ = serve(
+        openai_env(fake_openai_proc, AGENTIK_LOG_LEVEL="  ", AGENTIK_SYSTEM_PROMPT="")
+    )
+    assert "agentik listening on" in proc.output
+    assert proc.stop() == 0
+
+
+def test_plugins_command_lists_plugins_settings_and_selection():
+    out = subprocess.run(
+        [str(BIN / "agentik"), "plugins"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    ).stdout
+    assert "agentik_llm_openai" in out and "llm backend: openai — selected" in out
+    assert "OPENAI_API_KEY" in out and "AGENTIK_PORT=8080" in out
+    assert "agentik_transport_http" in out
+
+
+def test_help_imports_nothing_heavy():
+    out = subprocess.run(
+        [str(BIN / "agentik"), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "serve" in out and "plugins" in out
+    code = (
+        "import sys; from agentik.core import cli; "
+        "assert 'aiohttp' not in sys.modules and 'openai' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
