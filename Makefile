@@ -1,5 +1,7 @@
 # The two commands of the README: `make serve` and `make test`. Both install what they need.
-PYTHON ?= $(shell command -v python3.13 || command -v python3.12 || command -v python3.11 || command -v python3)
+# the first Python 3.11+ that really runs (pyenv shims exist for versions that are not active)
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
@@ -7,7 +9,7 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 .PHONY: install install-test serve test lint typecheck unit bench clean
 
 $(BIN)/python:
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "agentik needs Python 3.11+"'
+	@test -n "$(PYTHON)" || { echo "agentik needs Python 3.11 or newer (python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml

@@ -205,9 +205,7 @@ def test_invalid_settings_stop_start_up_with_one_line(serve, env, message):
 
 
 def test_blank_settings_mean_defaults(serve, fake_openai_proc):
-    proc, _ = serve(
-        openai_env(fake_openai_proc, AGENTIK_LOG_LEVEL="  ", AGENTIK_SYSTEM_PROMPT="")
-    )
+    proc, _ = serve(openai_env(fake_openai_proc, AGENTIK_LOG_LEVEL="  ", AGENTIK_SYSTEM_PROMPT=""))
     assert "agentik listening on" in proc.output
     assert proc.stop() == 0
 
