@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -378,3 +379,43 @@ async def test_system_prompt_sections_in_order_and_a_failing_one_is_left_out(mak
     await conv.send(text("hi"))
     await conv.wait_idle()
     assert llm.prompts == ["You are Ada.\n\nBe brief."]
+
+
+async def test_idle_conversations_beyond_the_cap_are_dropped_from_memory(make_agent):
+    llm = ScriptedLLM()
+    agent = await make_agent(llm, max_live=2)
+    convs = [await agent.create_conversation() for _ in range(5)]
+    for c in convs:
+        await c.send(text(f"hi {c.id}"))
+    for c in convs:
+        await c.wait_idle()
+    assert len(agent._live) == 2
+    await agent.jobs.wait_idle()
+    assert llm.closed == 3  # the evicted ones released their live LLM conversation
+    # a stale object keeps working: it acts on the conversation the agent loads again
+    stale = convs[0]
+    events = asyncio.ensure_future(collect_turn(stale))
+    await asyncio.sleep(0)
+    await stale.send(text("still there?"))
+    got = await events
+    assert got[-2].text == "echo: still there?"
+    fresh = await agent.get_conversation(stale.id)
+    assert fresh is not stale
+    history = [(h.role, h.text) for h in llm.conversations[-1].history]
+    assert history == [("user", f"hi {stale.id}"), ("assistant", f"echo: hi {stale.id}")]
+    await stale.rename("renamed")
+    assert (await agent.get_conversation(stale.id)).title == "renamed"
+
+
+async def test_a_conversation_with_readers_is_not_dropped(make_agent):
+    agent = await make_agent(max_live=1)
+    watched = await agent.create_conversation()
+    reader = watched.events()
+    pending = asyncio.ensure_future(reader.__anext__())
+    await asyncio.sleep(0)
+    await agent.create_conversation()
+    await agent.create_conversation()
+    assert watched.id in agent._live
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pending

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from agentik.core import events
 from agentik.core.events import EventLog
 from agentik.core.types import AppendText, End, Gap
 
@@ -45,12 +44,26 @@ async def test_a_reader_behind_the_buffer_gets_a_gap_then_the_rest():
     assert [i.event.text for i in got[1:]] == ["6", "7", "8", "9"]
 
 
-async def test_an_id_from_an_earlier_process_replays_the_whole_buffer():
-    log = EventLog(maxlen=4)
+async def test_an_id_from_an_earlier_log_replays_the_whole_buffer():
+    old = EventLog()
+    stale = [old.publish(AppendText("old")) for _ in range(5000)][-1]
+    log = EventLog(maxlen=4)  # the same stream after a restart, or after an eviction
     for i in range(3):
         log.publish(AppendText(str(i)))
-    got = await read(log, events._FIRST_SEQ - 5, 3)
+    assert log.last_seq > stale
+    got = await read(log, stale, 3)
     assert [i.event.text for i in got] == ["0", "1", "2"]
+
+
+async def test_readers_are_counted():
+    log = EventLog()
+    reader = asyncio.ensure_future(read(log, None, 1))
+    await asyncio.sleep(0)
+    assert log.readers == 1
+    log.publish(End())
+    await reader
+    await asyncio.sleep(0)  # the abandoned generator is finalised by the loop
+    assert log.readers == 0
 
 
 async def test_a_slow_reader_never_blocks_the_publisher_or_others():

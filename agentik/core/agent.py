@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -97,6 +97,7 @@ class ChatConversation:
         self._interrupting = False
         self._llm: LLMConversation | None = None
         self._closed = False
+        self._evicted = False  # dropped from the agent's memory while idle; see _current()
         #: how many live LLM conversations were built for this chat (tests and debugging)
         self.llm_builds = 0
 
@@ -111,6 +112,11 @@ class ChatConversation:
     def busy(self) -> bool:
         return self._worker is not None and not self._worker.done()
 
+    @property
+    def idle(self) -> bool:
+        """No turn running or queued and nobody reading its events: safe to drop from memory."""
+        return not self.busy and self._events.readers == 0
+
     def info(self) -> ConversationInfo:
         return ConversationInfo(
             self.id, self.title, self.is_temporal, self.created_at, self.updated_at
@@ -120,6 +126,8 @@ class ChatConversation:
         self, content: Sequence[ContentPart], context: MessageContext | None = None
     ) -> Message:
         """Record the user message (durably), queue its turn and return the record."""
+        if self._evicted:
+            return await (await self._current()).send(content, context)
         if self._closed:
             raise ConversationClosed(f"conversation {self.id} is closed")
         if not content:
@@ -146,6 +154,9 @@ class ChatConversation:
 
     def interrupt(self) -> bool:
         """Stop the running turn (queued sends still run). False when nothing was running."""
+        if self._evicted:
+            live = self.agent._live.get(self.id)
+            return live.interrupt() if live is not None and live is not self else False
         task = self._turn_task
         if task is None or task.done():
             return False
@@ -154,7 +165,13 @@ class ChatConversation:
         return True
 
     def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+        if self._evicted:
+            return self._forward_events(after)
         return self._events.subscribe(after)
+
+    async def _forward_events(self, after: int | None) -> AsyncIterator[StreamItem]:
+        async for item in (await self._current()).events(after):
+            yield item
 
     async def get_messages(
         self, after: str | None = None, offset: int = 0, limit: int = 50
@@ -162,6 +179,8 @@ class ChatConversation:
         return await self._store.list_messages(self.id, after, offset, limit)
 
     async def rename(self, title: str | None) -> None:
+        if self._evicted:
+            return await (await self._current()).rename(title)
         now = utcnow()
         await self._store.update_conversation(self.id, updated_at=now, title=title, set_title=True)
         self.title, self.updated_at = title, now
@@ -178,6 +197,19 @@ class ChatConversation:
         await self._reset_llm()
         self._events.close()
 
+    async def _current(self) -> ChatConversation:
+        """The agent's live object for this conversation (this one may have been evicted)."""
+        live = await self.agent.get_conversation(self.id)
+        if live is None:
+            raise ConversationClosed(f"conversation {self.id} was deleted")
+        return live
+
+    def _evict(self) -> None:
+        self._evicted = True
+        self._events.close()
+        if self._llm is not None:
+            self.agent.jobs.spawn(f"release-llm:{self.id}", self._reset_llm())
+
     # --- the turn engine --------------------------------------------------------------------
 
     async def _drain(self) -> None:
@@ -187,6 +219,7 @@ class ChatConversation:
             self._turn_task = asyncio.create_task(self._run_turn(msg), name=f"turn-{msg.id}")
             await asyncio.wait([self._turn_task])
         self._turn_task = None
+        self.agent.evict_idle()
 
     def _emit(self, event: Event) -> None:
         self._events.publish(event)
@@ -403,6 +436,7 @@ class ChatAgent:
         prompt_sections: Sequence[PromptSection] = (),
         hooks: Any = None,
         event_buffer: int = 1024,
+        max_live: int = 256,
         agent_id: str = "agentik",
     ) -> None:
         self.id = agent_id
@@ -414,7 +448,9 @@ class ChatAgent:
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
-        self._live: dict[str, ChatConversation] = {}
+        #: conversations held in memory, least recently used first (at most ``max_live`` idle)
+        self._live: OrderedDict[str, ChatConversation] = OrderedDict()
+        self.max_live = max_live
         self._events = EventLog(event_buffer)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -462,36 +498,57 @@ class ChatAgent:
         now = utcnow()
         info = ConversationInfo(new_id("conv"), title, temp, now, now)
         await (self.temp_store if temp else self.store).create_conversation(info)
-        conv = self._live[info.id] = ChatConversation(self, info)
+        conv = self._remember(ChatConversation(self, info))
         self.publish("ConversationCreated", info.id)
         return conv
 
     async def get_conversation(self, conversation_id: str) -> ChatConversation | None:
         conv = self._live.get(conversation_id)
         if conv is not None:
+            self._live.move_to_end(conversation_id)
             return conv
-        info = await self.store.get_conversation(conversation_id)
+        info = await self.temp_store.get_conversation(
+            conversation_id
+        ) or await self.store.get_conversation(conversation_id)
         if info is None:
             return None
-        return self._live.setdefault(conversation_id, ChatConversation(self, info))
+        conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
+        return conv if conv is not None else self._remember(ChatConversation(self, info))
+
+    def _remember(self, conv: ChatConversation) -> ChatConversation:
+        self._live[conv.id] = conv
+        self.evict_idle()
+        return conv
+
+    def evict_idle(self) -> None:
+        """Drop the least recently used idle conversations beyond ``max_live`` from memory.
+
+        Their history is in the store and they are reloaded on demand; what is lost is the live
+        LLM conversation (rebuilt from working memory) and the replay buffer of their events.
+        """
+        excess = len(self._live) - self.max_live
+        for cid, conv in list(self._live.items()):
+            if excess <= 0:
+                return
+            if conv.idle:
+                del self._live[cid]
+                conv._evict()
+                excess -= 1
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         conv = self._live.pop(conversation_id, None)
         if conv is not None:
             await conv.close()
-        if conv is not None and conv.is_temporal:
-            deleted = await self.temp_store.delete_conversation(conversation_id)
-        else:
-            deleted = await self.store.delete_conversation(conversation_id)
+        deleted = await self.temp_store.delete_conversation(
+            conversation_id
+        ) or await self.store.delete_conversation(conversation_id)
         if deleted:
             self.publish("ConversationDeleted", conversation_id)
         return deleted
 
     async def list_conversations(self, offset: int = 0, limit: int = 50) -> list[ConversationInfo]:
         """A page of persisted conversations, most recently updated first."""
-        infos = await self.store.list_conversations(offset, limit)
-        # live objects know a fresher updated_at than a row written before their last send
-        return [self._live[i.id].info() if i.id in self._live else i for i in infos]
+        return await self.store.list_conversations(offset, limit)
 
     def is_busy(self, conversation_id: str) -> bool:
         conv = self._live.get(conversation_id)

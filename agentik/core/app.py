@@ -30,9 +30,9 @@ PLUGINS = web.AppKey("agentik.plugins", Plugins)
 MAX_BODY = 1024 * 1024
 
 NO_LLM_HINT = (
-    "agentik needs an LLM. For any OpenAI-compatible server set OPENAI_BASE_URL, OPENAI_API_KEY "
-    "and OPENAI_MODEL, e.g. for a local Ollama: OPENAI_BASE_URL=http://localhost:11434/v1 "
-    "OPENAI_API_KEY=ollama OPENAI_MODEL=llama3.2 make serve"
+    "agentik needs an OpenAI-compatible LLM endpoint, e.g. for a local Ollama: "
+    "OPENAI_BASE_URL=http://localhost:11434/v1 OPENAI_API_KEY=ollama OPENAI_MODEL=llama3.2 "
+    "make serve (other backends: AGENTIK_LLM_BACKEND, see `agentik plugins`)"
 )
 
 
@@ -77,8 +77,7 @@ def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
         backend = registries(plugins)["llm"].get(name, variable="AGENTIK_LLM_BACKEND")
         llm = backend.factory(settings)
     except SettingsError as e:
-        hint = f" {NO_LLM_HINT}" if name == "openai" else ""
-        raise StartupError(f"{e}.{hint}" if hint else str(e)) from e
+        raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
     except BackendError as e:
         raise StartupError(str(e)) from e
     if not isinstance(llm, LLMBackend):
@@ -120,6 +119,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         prompt_sections=collect_prompt_sections(plugins, settings),
         hooks=plugins.hook,
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
+        max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
     )
 
 

@@ -42,6 +42,13 @@ CORE_SETTINGS = (
         "Events kept per stream for clients resuming with Last-Event-ID.",
     ),
     Setting(
+        "AGENTIK_LIVE_CONVERSATIONS",
+        256,
+        parse_positive_int,
+        "Idle conversations kept in memory (live LLM context, event buffer); older ones are "
+        "reloaded from the database on demand.",
+    ),
+    Setting(
         "AGENTIK_SHUTDOWN_TIMEOUT",
         5.0,
         parse_positive_float,

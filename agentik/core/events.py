@@ -5,9 +5,10 @@ slow reader cannot block a turn or the other readers. Each reader keeps its own 
 that falls further behind than the buffer holds gets a :class:`~agentik.core.types.Gap` item
 and goes on from the oldest buffered event; it fills the gap from history.
 
-Sequence ids start at the process's start time in microseconds, so ids from an earlier process
-are always smaller than any id of this one and a client resuming across a restart is replayed
-everything this process still holds.
+Sequence ids start at the log's creation time in microseconds, so ids from an earlier log of the
+same stream (before a restart, or before an idle conversation was dropped from memory) are
+smaller than any id of this one, and a client resuming with one is replayed everything this log
+still holds.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from itertools import islice
 from typing import Any
 
 from agentik.core.types import Event, Gap
-
-_FIRST_SEQ = time.time_ns() // 1000
 
 
 class StreamItem:
@@ -36,9 +35,12 @@ class StreamItem:
 
 
 class EventLog:
+    _high_water = 0  # the highest id any log of this process issued
+
     def __init__(self, maxlen: int = 1024) -> None:
         self._items: deque[StreamItem] = deque(maxlen=maxlen)
-        self._seq = _FIRST_SEQ
+        self._base = self._seq = max(time.time_ns() // 1000, EventLog._high_water + 1)
+        self.readers = 0
         self._wakeup: asyncio.Future[None] | None = None
         self._closed = False
 
@@ -52,6 +54,8 @@ class EventLog:
 
     def publish(self, event: Event) -> int:
         self._seq += 1
+        if self._seq > EventLog._high_water:
+            EventLog._high_water = self._seq
         self._items.append(StreamItem(self._seq, event))
         self._wake()
         return self._seq
@@ -73,7 +77,7 @@ class EventLog:
         first = self._items[0].seq
         if cursor < first - 1:
             items = list(self._items)
-            if cursor >= _FIRST_SEQ:  # our own id, evicted: say so before going on
+            if cursor >= self._base:  # our own id, evicted: say so before going on
                 items.insert(0, StreamItem(first - 1, Gap(cursor)))
             return items  # (an id from an earlier process: replay all we hold)
         return list(islice(self._items, cursor + 1 - first, None))
@@ -82,16 +86,20 @@ class EventLog:
         """Yield events published after ``after`` (None: from now on) until the log closes."""
         cursor = self._seq if after is None else after
         if cursor > self._seq:
-            cursor = self._seq  # an id this process never issued
-        while True:
-            batch = self._pending(cursor)
-            if batch:
-                for item in batch:
-                    yield item
-                cursor = batch[-1].seq
-                continue
-            if self._closed:
-                return
-            if self._wakeup is None:
-                self._wakeup = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._wakeup)
+            cursor = self._seq  # an id this log never issued
+        self.readers += 1
+        try:
+            while True:
+                batch = self._pending(cursor)
+                if batch:
+                    for item in batch:
+                        yield item
+                    cursor = batch[-1].seq
+                    continue
+                if self._closed:
+                    return
+                if self._wakeup is None:
+                    self._wakeup = asyncio.get_running_loop().create_future()
+                await asyncio.shield(self._wakeup)
+        finally:
+            self.readers -= 1
