@@ -295,3 +295,23 @@ async def test_shutdown_ends_open_streams(db_path):
         for stream in streams:
             assert await asyncio.wait_for(stream.content.read(), 3) is not None
             assert stream.content.at_eof()
+
+
+async def test_a_client_that_never_reads_does_not_block_the_turn(aiohttp_client):
+    chunk = "x" * 4096
+    llm = ScriptedLLM([chunk] * 2000)  # ~8 MB of events, far beyond any socket buffer
+    client = await aiohttp_client(make_app(llm=llm, env={"AGENTIK_EVENT_BUFFER": "64"}))
+    cid = await new_conv(client)
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(f"GET /agentik/conversations/{cid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    await reader.readline()  # the status line: the stream is open; now we stop reading
+    fast = await client.get(f"/agentik/conversations/{cid}/events")
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    frames = await read_sse(fast, timeout=60)
+    fast.close()
+    assert len(frames) == 2002  # the reading client got everything, the stuck one held nobody
+    await finish_turn(client, cid)
+    items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
+    assert len(items[-1]["text"]) == 4096 * 2000
+    writer.close()

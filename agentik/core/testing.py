@@ -49,8 +49,8 @@ class ScriptedConversation(LLMConversation):
         if isinstance(step, LLMError):
             raise step
         for chunk in step:
-            if self.backend.delay:
-                await asyncio.sleep(self.backend.delay)
+            # like a network stream, yield to the loop between chunks
+            await asyncio.sleep(self.backend.delay)
             yield TextDelta(chunk) if isinstance(chunk, str) else chunk
 
     async def aclose(self) -> None:
