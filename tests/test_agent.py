@@ -419,3 +419,22 @@ async def test_a_conversation_with_readers_is_not_dropped(make_agent):
     pending.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await pending
+
+
+async def test_an_interrupt_while_the_turn_records_its_end_changes_nothing(make_agent):
+    agent = await make_agent(ScriptedLLM(["done"]))
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    store_append = agent.store.append
+
+    async def slow_append(*args, **kwargs):
+        if args[1] and args[1][0].kind == "assistant":
+            assert conv.interrupt() is False  # the end is being recorded: too late
+        return await store_append(*args, **kwargs)
+
+    agent.store.append = slow_append
+    await conv.send(text("x"))
+    got = await events
+    assert [e.type for e in got][-1] == "End" and "Interrupted" not in [e.type for e in got]
+    assert kinds(await conv.get_messages()) == ["user", "assistant"]

@@ -95,6 +95,7 @@ class ChatConversation:
         self._worker: asyncio.Task[None] | None = None
         self._turn_task: asyncio.Task[None] | None = None
         self._interrupting = False
+        self._finishing = False  # the turn is recording its end: an interrupt would split it
         self._llm: LLMConversation | None = None
         self._closed = False
         self._evicted = False  # dropped from the agent's memory while idle; see _current()
@@ -158,7 +159,7 @@ class ChatConversation:
             live = self.agent._live.get(self.id)
             return live.interrupt() if live is not None and live is not self else False
         task = self._turn_task
-        if task is None or task.done():
+        if task is None or task.done() or self._finishing:
             return False
         self._interrupting = True
         task.cancel()
@@ -215,7 +216,7 @@ class ChatConversation:
     async def _drain(self) -> None:
         while self._queue and not self._closed:
             msg = self._queue.popleft()
-            self._interrupting = False
+            self._interrupting = self._finishing = False
             self._turn_task = asyncio.create_task(self._run_turn(msg), name=f"turn-{msg.id}")
             await asyncio.wait([self._turn_task])
         self._turn_task = None
@@ -380,6 +381,7 @@ class ChatConversation:
     async def _finish(
         self, turn: _Turn, last_step: list[str], tokens: TokenUsage, interrupted: bool = False
     ) -> None:
+        self._finishing = True
         payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
         if interrupted:
             payload["interrupted"] = True
@@ -394,6 +396,7 @@ class ChatConversation:
             self.agent.after_turn(self, self._llm_text(turn.user), payload["text"])
 
     async def _finish_interrupted(self, turn: _Turn) -> None:
+        self._finishing = True
         if not self._interrupting:
             log.info("turn %s of %s cancelled by shutdown", turn.user.id, self.id)
         # the model's stream was cut: its live conversation may be inconsistent
@@ -404,6 +407,7 @@ class ChatConversation:
 
     async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
         """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
+        self._finishing = True
         await self._reset_llm()
         await asyncio.shield(
             self._store.append(
