@@ -438,3 +438,15 @@ async def test_an_interrupt_while_the_turn_records_its_end_changes_nothing(make_
     got = await events
     assert [e.type for e in got][-1] == "End" and "Interrupted" not in [e.type for e in got]
     assert kinds(await conv.get_messages()) == ["user", "assistant"]
+
+
+async def test_a_tool_that_hangs_times_out_into_an_error_result():
+    from agentik.core.tools import ToolRegistry
+
+    @tool
+    async def hang() -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    text, is_error = await ToolRegistry([hang], timeout=0.05).invoke("hang", "{}")
+    assert is_error and text == "Error: hang did not answer within 0.05 s"

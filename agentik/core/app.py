@@ -86,7 +86,7 @@ def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
 
 
 def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
-    registry = ToolRegistry()
+    registry = ToolRegistry(timeout=settings["AGENTIK_TOOL_TIMEOUT"])
     for impl in plugins.hook.register_tools.get_hookimpls():
 
         def register(t: Tool, plugin: str = impl.plugin_name) -> None:

@@ -42,6 +42,12 @@ CORE_SETTINGS = (
         "Events kept per stream for clients resuming with Last-Event-ID.",
     ),
     Setting(
+        "AGENTIK_TOOL_TIMEOUT",
+        120.0,
+        parse_positive_float,
+        "Seconds an in-agent tool call may take before the model gets an error result.",
+    ),
+    Setting(
         "AGENTIK_LIVE_CONVERSATIONS",
         256,
         parse_positive_int,

@@ -7,11 +7,12 @@ the event loop, so a tool doing blocking I/O should be ``async`` or use a thread
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,8 +90,9 @@ class ToolError(Exception):
 class ToolRegistry:
     """The tools of the agent, by name. Invoking never raises: failures become error text."""
 
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+    def __init__(self, tools: Iterable[Tool] = (), *, timeout: float | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self.timeout = timeout  # seconds an async tool may take before it gives an error
         for t in tools:
             self.add(t)
 
@@ -128,7 +130,10 @@ class ToolRegistry:
         try:
             result = t.fn(**args)
             if inspect.isawaitable(result):
-                result = await _await(result)
+                async with asyncio.timeout(self.timeout):
+                    result = await result
+        except TimeoutError:
+            return f"Error: {name} did not answer within {self.timeout:g} s", True
         except ToolError as e:
             return f"Error: {e}", True
         except TypeError as e:
@@ -139,7 +144,3 @@ class ToolRegistry:
         if isinstance(result, str):
             return result, False
         return json.dumps(result, ensure_ascii=False, default=str), False
-
-
-async def _await(value: Awaitable[Any]) -> Any:
-    return await value
