@@ -92,6 +92,15 @@ class Process:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def wait_output(self, text: str, timeout: float = 15) -> str:
+        """Wait until ``text`` was printed (the banner comes just after /health answers)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"{text!r} never printed:\n{self.output}")
+            time.sleep(0.02)
+        return self.output
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -394,13 +394,13 @@ async def test_idle_conversations_beyond_the_cap_are_dropped_from_memory(make_ag
     assert llm.closed == 3  # the evicted ones released their live LLM conversation
     # a stale object keeps working: it acts on the conversation the agent loads again
     stale = convs[0]
+    fresh = await agent.get_conversation(stale.id)
+    assert fresh is not stale
     events = asyncio.ensure_future(collect_turn(stale))
     await asyncio.sleep(0)
     await stale.send(text("still there?"))
     got = await events
     assert got[-2].text == "echo: still there?"
-    fresh = await agent.get_conversation(stale.id)
-    assert fresh is not stale
     history = [(h.role, h.text) for h in llm.conversations[-1].history]
     assert history == [("user", f"hi {stale.id}"), ("assistant", f"echo: hi {stale.id}")]
     await stale.rename("renamed")
@@ -450,3 +450,87 @@ async def test_a_tool_that_hangs_times_out_into_an_error_result():
 
     text, is_error = await ToolRegistry([hang], timeout=0.05).invoke("hang", "{}")
     assert is_error and text == "Error: hang did not answer within 0.05 s"
+
+
+async def test_a_conversation_is_not_evicted_while_a_send_is_being_written(make_agent):
+    llm = ScriptedLLM()
+    agent = await make_agent(llm, max_live=1)
+    b = await agent.create_conversation()
+    a = await agent.create_conversation()  # B is dropped: over the cap and idle
+    assert list(agent._live) == [a.id]
+    loading_b = asyncio.ensure_future(agent.get_conversation(b.id))  # its read is queued first
+    await asyncio.sleep(0)
+    await a.send(text("one"))  # B's load lands while A's write waits: A must stay
+    await loading_b
+    assert await agent.get_conversation(a.id) is a
+    await a.send(text("two"))
+    await a.wait_idle()
+    replies = [m.payload["text"] for m in await a.get_messages() if m.kind == "assistant"]
+    assert replies == ["echo: one", "echo: two"]
+    assert len(llm.conversations) == 1  # one live LLM conversation, turns in order
+
+
+async def test_a_conversation_being_deleted_cannot_be_reloaded(make_agent):
+    llm = ScriptedLLM(["x"] * 100, delay=0.01)
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    await conv.send(text("go"))
+    release = asyncio.Event()
+
+    async def slow_close() -> None:  # the LLM takes its time to let go
+        await release.wait()
+
+    await asyncio.sleep(0.03)
+    llm.conversations[0].aclose = slow_close
+    deleting = asyncio.ensure_future(agent.delete_conversation(conv.id))
+    await asyncio.sleep(0.01)
+    assert await agent.get_conversation(conv.id) is None
+    with pytest.raises(ConversationClosed):
+        await conv.send(text("late"))
+    release.set()
+    assert await deleting
+    assert await agent.get_conversation(conv.id) is None
+
+
+async def test_a_raising_after_turn_hook_does_not_touch_the_recorded_turn(make_agent):
+    class Hooks:
+        def before_turn(self, conversation, text):
+            return []
+
+        def after_turn(self, conversation, user_text, assistant_text):
+            raise RuntimeError("review is down")
+
+    llm = ScriptedLLM(["fine"])
+    agent = await make_agent(llm, hooks=Hooks())
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("hi"))
+    got = [e.type for e in await events]
+    await conv.wait_idle()
+    assert got.count("End") == 1 and "Error" not in got
+    assert kinds(await conv.get_messages()) == ["user", "assistant"]
+    assert llm.closed == 0
+
+
+async def test_listeners_get_error_and_end_even_when_the_database_fails(make_agent):
+    agent = await make_agent(ScriptedLLM(["reply"]))
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    real_append = agent.store.append
+
+    async def failing_append(conversation_id, messages=(), memory=(), **kw):
+        if messages and messages[0].kind == "assistant":
+            raise OSError("disk full")
+        return await real_append(conversation_id, messages, memory, **kw)
+
+    async def failing_fail_turn(*args):
+        raise OSError("disk full")
+
+    agent.store.append = failing_append
+    agent.store.fail_turn = failing_fail_turn
+    await conv.send(text("x"))
+    got = await events
+    assert [e.type for e in got][-2:] == ["Error", "End"]
+    assert [e.type for e in got].count("End") == 1

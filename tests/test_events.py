@@ -51,8 +51,17 @@ async def test_an_id_from_an_earlier_log_replays_the_whole_buffer():
     for i in range(3):
         log.publish(AppendText(str(i)))
     assert log.last_seq > stale
-    got = await read(log, stale, 3)
-    assert [i.event.text for i in got] == ["0", "1", "2"]
+    got = await read(log, stale, 4)
+    assert got[0].event == Gap(stale)  # the end of the old log is gone: read the history
+    assert [i.event.text for i in got[1:]] == ["0", "1", "2"]
+
+
+async def test_an_id_from_an_earlier_log_gets_a_gap_even_when_nothing_is_buffered():
+    old = EventLog()
+    stale = old.publish(AppendText("old"))
+    log = EventLog()
+    got = await read(log, stale, 1)
+    assert got[0].event == Gap(stale)
 
 
 async def test_readers_are_counted():

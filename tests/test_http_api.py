@@ -105,6 +105,13 @@ BAD_BODIES = [
     (b'{"content": [{"type": "text", "body": "x"}], "context": "x"}', "context must be an object"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "AAAA"}]', "image"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "%%%"}]', "base64"),
+    (b'[{"type": "text", "body": "\\ud800"}]', "lone surrogate"),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": NaN}}}',
+        "NaN is not valid JSON",
+    ),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'[{"type": "text", "body": "x", "extra": 1}]', "unknown fields: extra"),
 ]
 
 

@@ -295,7 +295,7 @@ async def test_server_matches_document(api: Api) -> None:
     health = await api.call("GET", "/health", 200)
     assert health["status"] == "ok"
     assert await api.call("GET", "/agentik/openapi.json", 200) == DOC
-    agent_stream = await api.stream("/agentik/events", params={"after": "0"})
+    agent_stream = await api.stream("/agentik/events")
 
     # conversations
     conv = await api.call("POST", "/agentik/conversations", 201)
@@ -313,7 +313,7 @@ async def test_server_matches_document(api: Api) -> None:
     assert page["limit"] == 1 and len(page["items"]) == 1
 
     # turns, followed on the conversation's stream
-    stream = await api.stream(f"{base}/events", params={"after": "0"})
+    stream = await api.stream(f"{base}/events")
     plugin = api.plugin
 
     async def turn(body: Any, *, interrupt: bool = False) -> list[dict[str, Any]]:
@@ -605,7 +605,10 @@ async def test_gap_events_match_document(aiohttp_client: Any) -> None:
         await asyncio.sleep(0.01)
     for path in (f"{base}/events", "/agentik/events"):
         replay = await api.stream(path, params={"after": "0"})  # an old id: all that is held
+        lost = await replay.frame()
+        assert lost["data"] == {"type": "Gap", "after": 0}
         oldest = (await replay.frame())["id"]
+        assert lost["id"] == oldest - 1
         replay.close()
         behind = await api.stream(path, headers={"Last-Event-ID": str(oldest - 2)})
         gap = await behind.frame()

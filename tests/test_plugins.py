@@ -72,7 +72,7 @@ def test_a_misspelt_hook_is_caught_by_check_pending(tmp_path, monkeypatch):
 
 
 def test_load_and_disable_switches(tmp_path, monkeypatch):
-    none = make_plugins(env={"AGENTIK_LOAD_PLUGINS": ""})
+    none = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "none"})
     assert {n for n, i in none.infos.items() if i.status == "ok"} == {"agentik.core"}
     only = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "agentik_transport_http"})
     assert only.infos["agentik_transport_http"].status == "ok"

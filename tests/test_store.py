@@ -84,8 +84,9 @@ async def test_working_memory_append_list_clear_and_rollback(store):
     rows = await store.list_memory("c1")
     assert [r.order_idx for r in rows] == [0, 1, 2, 3]
     assert rows[3].item == HistoryItem("tool_call", call_id="x", tool_name="f", args_json="{}")
-    await store.rollback_turn("c1", "t2")
+    await store.fail_turn("c1", "t2", msg("e2", "error", message="boom"))
     assert [r.item.text for r in await store.list_memory("c1")] == ["a", "b"]
+    assert [m.kind for m in await store.list_messages("c1", None, 0, 5)] == ["error"]
     await store.clear_memory("c1")
     assert await store.list_memory("c1") == []
 
@@ -123,18 +124,17 @@ async def test_a_failed_transaction_writes_nothing(store):
 
 
 async def test_dangling_turns_and_token_stats(store):
+    """A turn ends with an assistant or error record of its own; queued turns behind a
+    finished one (u2 here was sent while u1 ran) are dangling too."""
     await store.create_conversation(conv("a"))
     await store.create_conversation(conv("b"))
-    await store.append(
-        "a",
-        [
-            msg("u1", cid="a"),
-            msg("r1", "assistant", cid="a", tokens={"input": 10, "output": 4}),
-            msg("u2", cid="a"),
-            msg("u3", cid="a"),
-        ],
-    )
-    await store.append("b", [msg("u4", cid="b"), msg("e4", "error", cid="b")])
+    await store.append("a", [msg("u1", cid="a")], turn_id="u1")
+    await store.append("a", [msg("u2", cid="a")], turn_id="u2")
+    tokens = {"input": 10, "output": 4}
+    await store.append("a", [msg("r1", "assistant", cid="a", tokens=tokens)], turn_id="u1")
+    await store.append("a", [msg("u3", cid="a")], turn_id="u3")
+    await store.append("b", [msg("u4", cid="b")], turn_id="u4")
+    await store.fail_turn("b", "u4", msg("e4", "error", cid="b"))
     assert await store.dangling_turns() == [("a", "u2"), ("a", "u3")]
     stats = await store.token_stats()
     assert (stats.turns, stats.input, stats.output) == (1, 10, 4)
@@ -163,5 +163,15 @@ async def test_memory_store_matches_sqlite_semantics():
     assert [m.id for m in await s.list_messages("c1", "m1", 0, 10)] == ["m2", "m3"]
     await s.compact_memory("c1", 1, HistoryItem("summary", "S"))
     assert [r.item.role for r in await s.list_memory("c1")] == ["summary"]
-    await s.rollback_turn("c1", "t")
+    await s.fail_turn("c1", "t", msg("e", "error"))
     assert len(await s.list_memory("c1")) == 1
+    assert (await s.list_messages("c1", None, 0, 10))[-1].kind == "error"
+
+
+async def test_a_durable_append_leaves_the_connection_in_normal_mode(store):
+    await store.create_conversation(conv())
+    modes = []
+    await store.append("c1", [msg("m1")], durable=True)
+    modes.append(await store.db.read(lambda: store.db.execute("PRAGMA synchronous").fetchone()[0]))
+    assert modes == [1]  # NORMAL again: only the acknowledged write paid for the fsync
+    assert [m.id for m in await store.list_messages("c1", None, 0, 5)] == ["m1"]

@@ -64,6 +64,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def error_record(conversation_id: str, user_id: str, message: str, code: str | None) -> Message:
+    return Message(
+        new_id("err"),
+        conversation_id,
+        "error",
+        utcnow(),
+        {"message": message, "code": code, "userMessageId": user_id},
+    )
+
+
 class ConversationClosed(Exception):
     """The conversation was deleted or closed; it takes no more messages."""
 
@@ -71,10 +81,11 @@ class ConversationClosed(Exception):
 class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
-    __slots__ = ("open_calls", "text", "user")
+    __slots__ = ("ended", "open_calls", "text", "user")
 
     def __init__(self, user: Message) -> None:
         self.user = user
+        self.ended = False  # its End event was emitted
         self.text: list[str] = []
         self.open_calls: dict[str, tuple[str, str]] = {}  # call id -> (tool name, record id)
 
@@ -98,6 +109,7 @@ class ChatConversation:
         self._finishing = False  # the turn is recording its end: an interrupt would split it
         self._llm: LLMConversation | None = None
         self._closed = False
+        self._sending = 0  # sends between their first line and their queued turn
         self._evicted = False  # dropped from the agent's memory while idle; see _current()
         #: how many live LLM conversations were built for this chat (tests and debugging)
         self.llm_builds = 0
@@ -115,8 +127,8 @@ class ChatConversation:
 
     @property
     def idle(self) -> bool:
-        """No turn running or queued and nobody reading its events: safe to drop from memory."""
-        return not self.busy and self._events.readers == 0
+        """No send, turn or reader in progress: safe to drop from memory."""
+        return not self.busy and not self._sending and self._events.readers == 0
 
     def info(self) -> ConversationInfo:
         return ConversationInfo(
@@ -140,7 +152,15 @@ class ChatConversation:
             payload["context"] = context.to_json()
         now = utcnow()
         msg = Message(new_id("msg"), self.id, "user", now, payload)
-        await self._store.append(self.id, [msg], touch=now)
+        self._sending += 1
+        try:
+            await self._store.append(self.id, [msg], turn_id=msg.id, touch=now, durable=True)
+        except Exception as e:
+            if self._closed:  # deleted while the write waited
+                raise ConversationClosed(f"conversation {self.id} was deleted") from e
+            raise
+        finally:
+            self._sending -= 1
         self.updated_at = now
         self._queue.append(msg)
         if self._worker is None or self._worker.done():
@@ -165,13 +185,11 @@ class ChatConversation:
         task.cancel()
         return True
 
-    def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
-        if self._evicted:
-            return self._forward_events(after)
-        return self._events.subscribe(after)
-
-    async def _forward_events(self, after: int | None) -> AsyncIterator[StreamItem]:
-        async for item in (await self._current()).events(after):
+    async def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+        """Live events after the sequence id ``after`` (None: from now on)."""
+        # checked at the first read, not when called: the object may be evicted in between
+        live = await self._current() if self._evicted else self
+        async for item in live._events.subscribe(after):
             yield item
 
     async def get_messages(
@@ -188,7 +206,8 @@ class ChatConversation:
         self.agent.publish("ConversationUpdated", self.id)
 
     async def close(self) -> None:
-        """Stop the running turn, drop queued ones and release the live LLM conversation."""
+        """Stop the running turn and release the live LLM conversation. Turns still queued are
+        left to crash recovery: they get an Error record at the next start."""
         self._closed = True
         self._queue.clear()
         self.interrupt()
@@ -210,6 +229,8 @@ class ChatConversation:
         self._events.close()
         if self._llm is not None:
             self.agent.jobs.spawn(f"release-llm:{self.id}", self._reset_llm())
+        if self.is_temporal:  # nothing else keeps it: an idle temporary conversation ends here
+            self.agent.jobs.spawn(f"forget:{self.id}", self.agent.forget_temporary(self.id))
 
     # --- the turn engine --------------------------------------------------------------------
 
@@ -219,6 +240,10 @@ class ChatConversation:
             self._interrupting = self._finishing = False
             self._turn_task = asyncio.create_task(self._run_turn(msg), name=f"turn-{msg.id}")
             await asyncio.wait([self._turn_task])
+            if not self._turn_task.cancelled() and self._turn_task.exception():
+                log.error(
+                    "turn %s of %s crashed", msg.id, self.id, exc_info=self._turn_task.exception()
+                )
         self._turn_task = None
         self.agent.evict_idle()
 
@@ -262,16 +287,28 @@ class ChatConversation:
         turn = _Turn(user)
         self.agent.publish("TurnStarted", self.id)
         try:
-            await self._turn_body(turn)
-        except asyncio.CancelledError:
-            await self._finish_interrupted(turn)
-        except LLMError as e:
-            await self._fail(turn, e.message, e.code)
-        except Exception as e:
-            log.exception("turn %s of %s failed", user.id, self.id)
-            await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
+            try:
+                await self._turn_body(turn)
+            except asyncio.CancelledError:
+                await self._finish_interrupted(turn)
+            except LLMError as e:
+                await self._fail(turn, e.message, e.code)
+            except Exception as e:
+                log.exception("turn %s of %s failed", user.id, self.id)
+                await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
+        except Exception:
+            # even the end could not be recorded (the database is gone): it is closed at the
+            # next start; listeners still get their Error and End
+            log.exception("recording the end of turn %s of %s failed", user.id, self.id)
         finally:
+            if not turn.ended:
+                self._emit(Error("the turn could not be recorded", "internal"))
+                self._end(turn)
             self.agent.publish("TurnEnded", self.id)
+
+    def _end(self, turn: _Turn) -> None:
+        turn.ended = True
+        self._emit(End())
 
     async def _turn_body(self, turn: _Turn) -> None:
         text = self._llm_text(turn.user)
@@ -391,7 +428,7 @@ class ChatConversation:
         )
         if interrupted:
             self._emit(Interrupted())
-        self._emit(End())
+        self._end(turn)
         if not interrupted:
             self.agent.after_turn(self, self._llm_text(turn.user), payload["text"])
 
@@ -410,22 +447,12 @@ class ChatConversation:
         self._finishing = True
         await self._reset_llm()
         await asyncio.shield(
-            self._store.append(
-                self.id,
-                [
-                    Message(
-                        new_id("err"),
-                        self.id,
-                        "error",
-                        utcnow(),
-                        {"message": message, "code": code, "userMessageId": turn.user.id},
-                    )
-                ],
+            self._store.fail_turn(
+                self.id, turn.user.id, error_record(self.id, turn.user.id, message, code)
             )
         )
-        await asyncio.shield(self._store.rollback_turn(self.id, turn.user.id))
         self._emit(Error(message, code))
-        self._emit(End())
+        self._end(turn)
 
 
 class ChatAgent:
@@ -454,6 +481,7 @@ class ChatAgent:
         self.jobs = JobRunner()
         #: conversations held in memory, least recently used first (at most ``max_live`` idle)
         self._live: OrderedDict[str, ChatConversation] = OrderedDict()
+        self._deleting: set[str] = set()
         self.max_live = max_live
         self._events = EventLog(event_buffer)
 
@@ -464,19 +492,11 @@ class ChatAgent:
         await self.store.open()
         dangling = await self.store.dangling_turns()
         for conversation_id, user_id in dangling:
-            await self.store.append(
+            await self.store.fail_turn(
                 conversation_id,
-                [
-                    Message(
-                        new_id("err"),
-                        conversation_id,
-                        "error",
-                        utcnow(),
-                        {"message": RESTART_ERROR, "code": "restart", "userMessageId": user_id},
-                    )
-                ],
+                user_id,
+                error_record(conversation_id, user_id, RESTART_ERROR, "restart"),
             )
-            await self.store.rollback_turn(conversation_id, user_id)
         if dangling:
             log.warning("closed %d turn(s) cut off by a restart", len(dangling))
         return len(dangling)
@@ -507,6 +527,8 @@ class ChatAgent:
         return conv
 
     async def get_conversation(self, conversation_id: str) -> ChatConversation | None:
+        if conversation_id in self._deleting:
+            return None
         conv = self._live.get(conversation_id)
         if conv is not None:
             self._live.move_to_end(conversation_id)
@@ -514,7 +536,7 @@ class ChatAgent:
         info = await self.temp_store.get_conversation(
             conversation_id
         ) or await self.store.get_conversation(conversation_id)
-        if info is None:
+        if info is None or conversation_id in self._deleting:
             return None
         conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
         return conv if conv is not None else self._remember(ChatConversation(self, info))
@@ -540,12 +562,16 @@ class ChatAgent:
                 excess -= 1
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        conv = self._live.pop(conversation_id, None)
-        if conv is not None:
-            await conv.close()
-        deleted = await self.temp_store.delete_conversation(
-            conversation_id
-        ) or await self.store.delete_conversation(conversation_id)
+        self._deleting.add(conversation_id)
+        try:
+            conv = self._live.pop(conversation_id, None)
+            if conv is not None:
+                await conv.close()
+            deleted = await self.temp_store.delete_conversation(
+                conversation_id
+            ) or await self.store.delete_conversation(conversation_id)
+        finally:
+            self._deleting.discard(conversation_id)
         if deleted:
             self.publish("ConversationDeleted", conversation_id)
         return deleted
@@ -565,6 +591,10 @@ class ChatAgent:
         return self._events.subscribe(after)
 
     # --- used by conversations ----------------------------------------------------------------
+
+    async def forget_temporary(self, conversation_id: str) -> None:
+        if await self.temp_store.delete_conversation(conversation_id):
+            self.publish("ConversationDeleted", conversation_id)
 
     def publish(self, kind: str, conversation_id: str) -> None:
         self._events.publish(AgentEvent(kind, conversation_id))
@@ -599,8 +629,13 @@ class ChatAgent:
     def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:
         if self.hooks is None:
             return
-        for result in self.hooks.after_turn(
-            conversation=conv, user_text=user_text, assistant_text=assistant_text
-        ):
+        try:
+            results = self.hooks.after_turn(
+                conversation=conv, user_text=user_text, assistant_text=assistant_text
+            )
+        except Exception:
+            log.exception("an after_turn hook failed in %s", conv.id)
+            return
+        for result in results:
             if isinstance(result, Awaitable):
                 self.jobs.spawn(f"after_turn:{conv.id}", result)

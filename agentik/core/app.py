@@ -112,8 +112,13 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         tools = collect_tools(plugins, settings)
     except ValueError as e:
         raise StartupError(str(e)) from e
+    path = settings["AGENTIK_DB_PATH"]
+    try:
+        database = Database(path)
+    except OSError as e:
+        raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot create its folder: {e}") from e
     return ChatAgent(
-        store=SqliteStore(Database(settings["AGENTIK_DB_PATH"])),
+        store=SqliteStore(database),
         llm=llm if llm is not None else select_llm(plugins, settings),
         tools=tools,
         prompt_sections=collect_prompt_sections(plugins, settings),
@@ -178,7 +183,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     agent, settings, plugins = app[AGENT], app[SETTINGS], app[PLUGINS]
     await agent.llm.start()
     try:
-        await agent.open()
+        try:
+            await agent.open()
+        except Exception as e:
+            path = settings["AGENTIK_DB_PATH"]
+            raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
         _start_jobs(agent, plugins, settings)
         yield
     finally:

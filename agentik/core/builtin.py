@@ -64,7 +64,7 @@ CORE_SETTINGS = (
         "AGENTIK_LOAD_PLUGINS",
         None,
         parse_list,
-        "Comma list of plugins (entry points or distributions) to load; empty loads none.",
+        "Comma list of plugins (entry points or distributions) to load; `none` loads none.",
     ),
     Setting("AGENTIK_DISABLE_PLUGINS", (), parse_list, "Comma list of plugins not to load."),
     Setting(
@@ -74,6 +74,9 @@ CORE_SETTINGS = (
         "1 makes a plugin that fails to load stop start-up (for development and CI).",
     ),
 )
+
+
+PLUGIN_SWITCHES = tuple(s for s in CORE_SETTINGS if s.name.endswith("_PLUGINS"))
 
 
 @hookimpl

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="start the server (configured by AGENTIK_* variables)")
     serve.add_argument("--host", help="override AGENTIK_HOST")
-    serve.add_argument("--port", type=int, help="override AGENTIK_PORT")
+    serve.add_argument("--port", type=_port, help="override AGENTIK_PORT")
     plugins = sub.add_parser("plugins", help="list plugins, their settings and what is active")
     plugins.add_argument("--json", action="store_true", help="print JSON")
     plugins.add_argument(
@@ -48,6 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plugins_command(args.json)
     parser.print_help()
     return 0
+
+
+def _port(raw: str) -> int:
+    from agentik.core.settings import parse_port
+
+    try:
+        return parse_port(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{raw!r} {e}") from None
 
 
 def fail(message: str) -> int:
@@ -110,11 +120,18 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
         await runner.setup()
     except Exception as e:
         await runner.cleanup()
-        raise StartupError(f"start-up failed: {e}") from e
+        raise e if isinstance(e, StartupError) else StartupError(f"start-up failed: {e}") from e
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second Ctrl-C: the operator does not want to wait
+            log.warning("forced exit")
+            os._exit(130)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()

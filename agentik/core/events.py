@@ -72,14 +72,13 @@ class EventLog:
             self._wakeup = None
 
     def _pending(self, cursor: int) -> list[StreamItem]:
-        if not self._items or cursor >= self._seq:
+        if cursor >= self._seq:
             return []
-        first = self._items[0].seq
+        first = self._items[0].seq if self._items else self._seq + 1
         if cursor < first - 1:
-            items = list(self._items)
-            if cursor >= self._base:  # our own id, evicted: say so before going on
-                items.insert(0, StreamItem(first - 1, Gap(cursor)))
-            return items  # (an id from an earlier process: replay all we hold)
+            # evicted from the buffer, or an id of an earlier log (before a restart or an
+            # eviction): say what was lost, then replay all we hold
+            return [StreamItem(first - 1, Gap(cursor)), *self._items]
         return list(islice(self._items, cursor + 1 - first, None))
 
     async def subscribe(self, after: int | None = None) -> AsyncIterator[StreamItem]:

@@ -25,6 +25,8 @@ class Message(BaseModel):
         Conversation, column_name="conversation_id", on_delete="CASCADE"
     )
     kind = peewee.TextField()
+    # the user message whose turn wrote this record (its own id for a user message)
+    turn_id = peewee.TextField(null=True, index=True)
     created_at = peewee.TextField()
     payload_json = peewee.TextField()
 

@@ -18,6 +18,7 @@ import pluggy
 
 from agentik import hookspecs
 from agentik.core import builtin
+from agentik.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -118,20 +119,19 @@ def make_plugins(
 ) -> Plugins:
     """Build a fresh manager: the core, the ``agentik`` entry points, then ``extra`` plugins.
 
-    ``AGENTIK_LOAD_PLUGINS`` (comma list; empty loads none) and ``AGENTIK_DISABLE_PLUGINS``
-    (comma list) name entry points or distributions; ``AGENTIK_STRICT_PLUGINS=1`` re-raises
-    load errors. These are read here because they decide which settings exist at all.
+    ``AGENTIK_LOAD_PLUGINS`` / ``AGENTIK_DISABLE_PLUGINS`` (comma lists of entry points or
+    distributions; ``none`` loads no entry point) and ``AGENTIK_STRICT_PLUGINS`` are parsed
+    here, with the core's declared parsers, because they decide which settings exist at all.
     """
-    env = os.environ if env is None else env
     plugins = Plugins()
     if load_entrypoints:
-        allow_raw = env.get("AGENTIK_LOAD_PLUGINS")
-        allow = (
-            None if allow_raw is None else [p.strip() for p in allow_raw.split(",") if p.strip()]
+        switches = Settings(builtin.PLUGIN_SWITCHES, os.environ if env is None else env)
+        allow = switches["AGENTIK_LOAD_PLUGINS"]
+        plugins.load_entrypoints(
+            allow=None if allow is None else [p for p in allow if p != "none"],
+            block=switches["AGENTIK_DISABLE_PLUGINS"],
+            strict=switches["AGENTIK_STRICT_PLUGINS"],
         )
-        block = [p.strip() for p in env.get("AGENTIK_DISABLE_PLUGINS", "").split(",") if p.strip()]
-        strict = env.get("AGENTIK_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes")
-        plugins.load_entrypoints(allow=allow, block=block, strict=strict)
     for name, plugin in extra:
         plugins.add(plugin, name)
     return plugins

@@ -7,6 +7,7 @@ one line naming the variable. Plugins never read ``os.environ`` themselves.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -43,15 +44,22 @@ def parse_port(raw: str) -> int:
     return value
 
 
-def parse_fraction(raw: str) -> float:
+def _finite(raw: str) -> float:
     value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def parse_fraction(raw: str) -> float:
+    value = _finite(raw)
     if not 0 < value <= 1:
         raise ValueError("must be a number in (0, 1]")
     return value
 
 
 def parse_positive_float(raw: str) -> float:
-    value = float(raw)
+    value = _finite(raw)
     if value <= 0:
         raise ValueError("must be greater than 0")
     return value

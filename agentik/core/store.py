@@ -19,8 +19,6 @@ from agentik.core.db import Database
 from agentik.core.llm import HistoryItem
 from agentik.core.types import ConversationInfo, InvalidInput, Message, MessageKind
 
-TERMINAL_KINDS = ("assistant", "error")
-
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -108,8 +106,13 @@ class Store(abc.ABC):
         *,
         turn_id: str | None = None,
         touch: datetime | None = None,
+        durable: bool = False,
     ) -> None:
-        """Append audit records and working-memory entries in one transaction."""
+        """Append audit records and working-memory entries in one transaction.
+
+        ``turn_id`` (the id of the user message that started the turn) is kept on both, so a
+        turn's records can be found and its working memory rolled back. ``durable``: the
+        write must survive a power loss once this returns (an acknowledged user message)."""
 
     @abc.abstractmethod
     async def list_messages(
@@ -122,8 +125,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def clear_memory(self, conversation_id: str) -> None: ...
     @abc.abstractmethod
-    async def rollback_turn(self, conversation_id: str, turn_id: str) -> None:
-        """Drop the working-memory entries a failed turn wrote."""
+    async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
+        """In one transaction: append the turn's Error record and drop the working-memory
+        entries the turn wrote (F2: a failed turn leaves nothing in working memory)."""
 
     @abc.abstractmethod
     async def compact_memory(
@@ -133,7 +137,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def dangling_turns(self) -> list[tuple[str, str]]:
-        """(conversation id, user message id) of turns that never got an Assistant/Error."""
+        """(conversation id, user message id) of turns with no Assistant or Error record:
+        the one a crash cut off and those queued behind it."""
 
     @abc.abstractmethod
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
@@ -142,8 +147,8 @@ class Store(abc.ABC):
 # --- SQLite -------------------------------------------------------------------------------
 
 _INSERT_MESSAGE = (
-    "INSERT INTO message (id, conversation_id, kind, created_at, payload_json) "
-    "VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO message (id, conversation_id, kind, turn_id, created_at, payload_json) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
 )
 _INSERT_MEMORY = (
     "INSERT INTO working_memory (conversation_id, order_idx, turn_id, role, payload_json, "
@@ -234,6 +239,7 @@ class SqliteStore(Store):
         *,
         turn_id: str | None = None,
         touch: datetime | None = None,
+        durable: bool = False,
     ) -> None:
         def q() -> None:
             for m in messages:
@@ -243,6 +249,7 @@ class SqliteStore(Store):
                         m.id,
                         conversation_id,
                         m.kind,
+                        turn_id,
                         _ts(m.created_at),
                         json.dumps(m.payload, ensure_ascii=False),
                     ),
@@ -272,7 +279,7 @@ class SqliteStore(Store):
                     (_ts(touch), conversation_id),
                 )
 
-        await self.db.write(q)
+        await self.db.write(q, durable=durable)
 
     async def list_messages(
         self, conversation_id: str, after: str | None, offset: int, limit: int
@@ -317,13 +324,25 @@ class SqliteStore(Store):
             )
         )
 
-    async def rollback_turn(self, conversation_id: str, turn_id: str) -> None:
-        await self.db.write(
-            lambda: self.db.execute(
+    async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
+        def q() -> None:
+            self.db.execute(
+                _INSERT_MESSAGE,
+                (
+                    error.id,
+                    conversation_id,
+                    error.kind,
+                    turn_id,
+                    _ts(error.created_at),
+                    json.dumps(error.payload, ensure_ascii=False),
+                ),
+            )
+            self.db.execute(
                 "DELETE FROM working_memory WHERE conversation_id = ? AND turn_id = ?",
                 (conversation_id, turn_id),
             )
-        )
+
+        await self.db.write(q)
 
     async def compact_memory(
         self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
@@ -351,10 +370,9 @@ class SqliteStore(Store):
     async def dangling_turns(self) -> list[tuple[str, str]]:
         def q() -> list[tuple[str, str]]:
             rows = self.db.execute(
-                "SELECT m.conversation_id, m.id FROM message m "
-                "WHERE m.kind = 'user' AND m.seq > coalesce(("
-                "  SELECT max(t.seq) FROM message t WHERE t.conversation_id = m.conversation_id"
-                "  AND t.kind IN ('assistant', 'error')), 0) ORDER BY m.seq"
+                "SELECT u.conversation_id, u.id FROM message u WHERE u.kind = 'user' "
+                "AND NOT EXISTS (SELECT 1 FROM message t WHERE t.turn_id = u.id "
+                "AND t.kind IN ('assistant', 'error')) ORDER BY u.seq"
             ).fetchall()
             return [(r[0], r[1]) for r in rows]
 
@@ -429,6 +447,7 @@ class MemoryStore(Store):
         *,
         turn_id: str | None = None,
         touch: datetime | None = None,
+        durable: bool = False,
     ) -> None:
         self._messages[conversation_id].extend(messages)
         rows = self._memory[conversation_id]
@@ -454,7 +473,8 @@ class MemoryStore(Store):
     async def clear_memory(self, conversation_id: str) -> None:
         self._memory[conversation_id] = []
 
-    async def rollback_turn(self, conversation_id: str, turn_id: str) -> None:
+    async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
+        self._messages[conversation_id].append(error)
         self._memory[conversation_id] = [
             r for r in self._memory[conversation_id] if r.turn_id != turn_id
         ]

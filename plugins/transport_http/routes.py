@@ -59,9 +59,20 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
             return None
         raise InvalidInput("the request needs a JSON body")
     try:
-        return json.loads(body)
+        data = json.loads(body, parse_constant=_reject_constant)
+        # lone surrogates ("\ud800") are valid JSON escapes but not text SQLite can store
+        json.dumps(data, ensure_ascii=False).encode()
+    except RecursionError:
+        raise InvalidInput("the JSON body is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise InvalidInput("the JSON body contains invalid Unicode (a lone surrogate)") from None
     except ValueError as e:
         raise InvalidInput(f"malformed JSON: {e}") from None
+    return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def page_params(request: web.Request) -> tuple[int, int]:

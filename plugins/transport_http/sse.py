@@ -26,17 +26,15 @@ HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-#: a stream whose socket buffer is this full is not sent pings (it is not reading anyway)
-BACKLOG_LIMIT = 256 * 1024
 
 
 def encode(item: StreamItem) -> bytes:
     frame = item.memo.get("sse")
     if frame is None:
         data = json.dumps(item.event.to_json(), ensure_ascii=False, separators=(",", ":"))
-        frame = item.memo["sse"] = (
-            f"id: {item.seq}\nevent: {item.event.to_json()['type']}\ndata: {data}\n\n".encode()
-        )
+        text = f"id: {item.seq}\nevent: {item.event.to_json()['type']}\ndata: {data}\n\n"
+        # "replace": a model's broken surrogate pair must not kill every reader's stream
+        frame = item.memo["sse"] = text.encode("utf-8", "replace")
     return frame  # type: ignore[no-any-return]
 
 
@@ -88,8 +86,8 @@ class StreamHub:
                     if task is not None:
                         task.cancel()  # a dead client: end its handler now
                     continue
-                if transport.get_write_buffer_size() > BACKLOG_LIMIT:
-                    continue
+                if request.protocol.writing_paused:
+                    continue  # not reading: a write would wait for it and stall every ping
                 try:
                     await resp.write(PING)
                 except Exception:
