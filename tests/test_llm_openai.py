@@ -610,3 +610,23 @@ async def test_fake_as_a_process(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_a_surrogate_pair_split_across_chunks_is_rejoined(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    def chunk(text: str) -> str:
+        escaped = json.dumps(text)  # ASCII-only: a lone surrogate becomes "\\ud83d"
+        return f'data: {{"choices": [{{"index": 0, "delta": {{"content": {escaped}}}}}]}}\n\n'
+
+    raw = (
+        chunk("smile \ud83d")
+        + chunk("\ude00 done \udc00")
+        + 'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+        + "data: [DONE]\n\n"
+    )
+    fake.script(Reply(raw=raw))
+    conv = backend.create_conversation("", [], [])
+    chunks = await collect(conv, [UserInput("hi")])
+    assert text_of(chunks) == "smile \U0001f600 done \ufffd"
+    text_of(chunks).encode()  # valid UTF-8: SQLite and SSE clients can take it

@@ -163,6 +163,7 @@ class OpenAIConversation(LLMConversation):
         calls: dict[int, dict[str, Any]] = {}
         usage: Usage | None = None
         finished = False
+        held = ""  # a high surrogate whose pair comes in the next chunk
         try:
             create = self.backend.client.chat.completions.with_streaming_response.create
             async with create(**request) as response:
@@ -184,6 +185,8 @@ class OpenAIConversation(LLMConversation):
                         if reasoning:
                             yield ReasoningDelta(reasoning)
                         content = delta.get("content")
+                        if content:
+                            content, held = _whole_characters(held + content)
                         if content:
                             text.append(content)
                             yield TextDelta(content)
@@ -239,6 +242,19 @@ def _call_request(call: dict[str, Any]) -> ToolCallRequest:
         raise ValueError("a streamed tool call has no function name")
     call_id = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
     return ToolCallRequest(call_id, call["name"], "".join(call["args"]) or "{}")
+
+
+def _whole_characters(text: str) -> tuple[str, str]:
+    """Split off a trailing high surrogate (its pair is in the next chunk) and replace lone
+    surrogates, which no UTF-8 reader (SQLite, an SSE client) accepts."""
+    held = ""
+    if "\ud800" <= text[-1] <= "\udbff":
+        text, held = text[:-1], text[-1]
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # rejoin pairs, replace what is left alone
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text, held
 
 
 def _error_text(chunk: dict[str, Any]) -> str:
