@@ -458,10 +458,10 @@ async def test_a_conversation_is_not_evicted_while_a_send_is_being_written(make_
     b = await agent.create_conversation()
     a = await agent.create_conversation()  # B is dropped: over the cap and idle
     assert list(agent._live) == [a.id]
-    loading_b = asyncio.ensure_future(agent.get_conversation(b.id))  # its read is queued first
-    await asyncio.sleep(0)
-    await a.send(text("one"))  # B's load lands while A's write waits: A must stay
-    await loading_b
+    sending = asyncio.ensure_future(a.send(text("one")))
+    await asyncio.sleep(0)  # the send waits for its fsync
+    await agent.get_conversation(b.id)  # B is loaded meanwhile: A must stay
+    await sending
     assert await agent.get_conversation(a.id) is a
     await a.send(text("two"))
     await a.wait_idle()
@@ -534,3 +534,19 @@ async def test_listeners_get_error_and_end_even_when_the_database_fails(make_age
     got = await events
     assert [e.type for e in got][-2:] == ["Error", "End"]
     assert [e.type for e in got].count("End") == 1
+
+
+async def test_when_nothing_can_be_dropped_new_conversations_still_work(make_agent):
+    agent = await make_agent(max_live=2)
+    readers = []
+    for _ in range(2):  # two conversations with a client attached: not idle
+        conv = await agent.create_conversation()
+        reader = conv.events()
+        readers.append((reader, asyncio.ensure_future(reader.__anext__())))
+    await asyncio.sleep(0)
+    third = await agent.create_conversation()
+    await third.send(text("hi"))  # must neither evict itself nor loop
+    await third.wait_idle()
+    assert (await third.get_messages())[-1].payload["text"] == "echo: hi"
+    for _, pending in readers:
+        pending.cancel()

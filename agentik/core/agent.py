@@ -11,7 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from agentik.core.events import EventLog, StreamItem
@@ -81,11 +81,14 @@ class ConversationClosed(Exception):
 class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
-    __slots__ = ("ended", "open_calls", "text", "user")
+    __slots__ = ("ended", "memory", "open_calls", "text", "user")
 
     def __init__(self, user: Message) -> None:
         self.user = user
         self.ended = False  # its End event was emitted
+        # working-memory entries not written yet: they go with the turn's next write, so a
+        # plain turn costs one transaction (a crash or failure drops the turn's rows anyway)
+        self.memory: list[HistoryItem] = []
         self.text: list[str] = []
         self.open_calls: dict[str, tuple[str, str]] = {}  # call id -> (tool name, record id)
 
@@ -150,18 +153,25 @@ class ChatConversation:
         payload: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             payload["context"] = context.to_json()
-        now = utcnow()
-        msg = Message(new_id("msg"), self.id, "user", now, payload)
-        self._sending += 1
+        msg = Message(new_id("msg"), self.id, "user", utcnow(), payload)
+        # shielded: once the write started, the turn is queued even if the caller goes away
+        # (a client that disconnects before its 202)
+        self._sending += 1  # from now on the conversation is not idle
+        return await asyncio.shield(self._accept(msg))
+
+    async def _accept(self, msg: Message) -> Message:
         try:
-            await self._store.append(self.id, [msg], turn_id=msg.id, touch=now, durable=True)
+            await self._store.append(
+                self.id, [msg], turn_id=msg.id, touch=msg.created_at, durable=True
+            )
         except Exception as e:
             if self._closed:  # deleted while the write waited
                 raise ConversationClosed(f"conversation {self.id} was deleted") from e
             raise
         finally:
             self._sending -= 1
-        self.updated_at = now
+        self.updated_at = msg.created_at
+        self.agent.touch(self.id)
         self._queue.append(msg)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
@@ -185,12 +195,29 @@ class ChatConversation:
         task.cancel()
         return True
 
-    async def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+    async def events(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """Live events after the sequence id ``after`` (None: from now on)."""
-        # checked at the first read, not when called: the object may be evicted in between
+        batches = self.event_batches(after)
+        try:
+            async for batch in batches:
+                for item in batch:
+                    yield item
+        finally:
+            await batches.aclose()
+
+    async def event_batches(
+        self, after: int | None = None, linger: float = 0.0
+    ) -> AsyncGenerator[list[StreamItem], None]:
+        """:meth:`events` in lists: all that was published while the reader was busy (see
+        :meth:`EventLog.batches`); transports write a list in one go."""
+        # resolved at the first read, not when called: the object may be evicted in between
         live = await self._current() if self._evicted else self
-        async for item in live._events.subscribe(after):
-            yield item
+        batches = live._events.batches(after, linger)
+        try:
+            async for batch in batches:
+                yield batch
+        finally:
+            await batches.aclose()
 
     async def get_messages(
         self, after: str | None = None, offset: int = 0, limit: int = 50
@@ -245,7 +272,8 @@ class ChatConversation:
                     "turn %s of %s crashed", msg.id, self.id, exc_info=self._turn_task.exception()
                 )
         self._turn_task = None
-        self.agent.evict_idle()
+        # once this worker is done, this conversation is idle and may be dropped too
+        asyncio.get_running_loop().call_soon(self.agent.evict_idle)
 
     def _emit(self, event: Event) -> None:
         self._events.publish(event)
@@ -256,6 +284,8 @@ class ChatConversation:
         memory: Sequence[HistoryItem] = (),
         turn: _Turn | None = None,
     ) -> None:
+        if turn is not None and turn.memory:
+            memory, turn.memory = [*turn.memory, *memory], []
         # shielded: an interrupt must not cancel a write half-way through the queue
         await asyncio.shield(
             self._store.append(self.id, messages, memory, turn_id=turn.user.id if turn else None)
@@ -313,7 +343,7 @@ class ChatConversation:
     async def _turn_body(self, turn: _Turn) -> None:
         text = self._llm_text(turn.user)
         llm = await self._live_llm()
-        await self._write(memory=[HistoryItem("user", text)], turn=turn)
+        turn.memory.append(HistoryItem("user", text))
         extra = await self.agent.before_turn(self, text)
         inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text)]
         first_input: int | None = None
@@ -543,23 +573,31 @@ class ChatAgent:
 
     def _remember(self, conv: ChatConversation) -> ChatConversation:
         self._live[conv.id] = conv
-        self.evict_idle()
+        self.evict_idle(keep=conv.id)
         return conv
 
-    def evict_idle(self) -> None:
+    def touch(self, conversation_id: str) -> None:
+        """Mark a conversation as just used (it is evicted last)."""
+        if conversation_id in self._live:
+            self._live.move_to_end(conversation_id)
+
+    def evict_idle(self, keep: str | None = None) -> None:
         """Drop the least recently used idle conversations beyond ``max_live`` from memory.
 
         Their history is in the store and they are reloaded on demand; what is lost is the live
         LLM conversation (rebuilt from working memory) and the replay buffer of their events.
+        ``keep`` (the conversation just loaded) is never dropped.
         """
         excess = len(self._live) - self.max_live
+        if excess <= 0:
+            return
         for cid, conv in list(self._live.items()):
-            if excess <= 0:
-                return
-            if conv.idle:
+            if conv.idle and cid != keep:
                 del self._live[cid]
                 conv._evict()
                 excess -= 1
+                if excess == 0:
+                    return
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         self._deleting.add(conversation_id)
@@ -589,6 +627,11 @@ class ChatAgent:
 
     def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
         return self._events.subscribe(after)
+
+    def event_batches(
+        self, after: int | None = None, linger: float = 0.0
+    ) -> AsyncGenerator[list[StreamItem], None]:
+        return self._events.batches(after, linger)
 
     # --- used by conversations ----------------------------------------------------------------
 

@@ -113,8 +113,13 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
 
     from agentik.core.app import StartupError
 
+    # handler_cancellation: an SSE handler whose client left ends at once, not at the next ping
     runner = web.AppRunner(
-        app, shutdown_timeout=shutdown_timeout, handle_signals=False, access_log=None
+        app,
+        shutdown_timeout=shutdown_timeout,
+        handle_signals=False,
+        access_log=None,
+        handler_cancellation=True,
     )
     try:
         await runner.setup()

@@ -1,17 +1,24 @@
-"""SQLite through peewee, off the event loop, on one dedicated thread.
+"""SQLite through peewee: one connection, used on the event loop, short transactions.
 
-One thread owns the one connection and runs every read and write in order, so there is never a
-"database is locked" and ``:memory:`` works. Writes commit before their awaitable resolves:
-when ``await db.write(...)`` returns, the data is in the WAL, safe against a process crash.
-``durable=True`` also fsyncs the WAL first (safe against power loss; ~0.2 ms here): it is used
-for what a client was promised, the acknowledged user message. A later write that a power loss
-takes is recovered like a crash (the turn gets an Error record at the next start).
+Why on the loop and not on a writer thread: a trip to a thread and back costs ~150 µs of CPU on
+the machines we measured (docs/PERFORMANCE.md, B9), while a WAL commit with
+``synchronous=NORMAL`` costs 15-40 µs. Every transaction here is a few prepared statements with
+no ``await`` inside, so transactions never interleave, there is never a "database is locked",
+and ``:memory:`` works. What is slow goes to a thread: the fsync that makes an acknowledged
+message durable (``write(..., durable=True)``).
+
+Durability: when ``await db.write(...)`` returns the data is committed to the WAL, safe against
+a process crash. With ``durable=True`` the WAL is also fsynced before it returns, safe against
+power loss; it is used for what a client was promised, the acknowledged user message. A later
+write that a power loss takes is recovered like a crash (the turn gets an Error record).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,61 +43,60 @@ class Database:
         self.path = path if path == ":memory:" else str(Path(path).expanduser())
         if path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = peewee.SqliteDatabase(
-            self.path, pragmas=PRAGMAS, check_same_thread=False, autoconnect=False
-        )
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentik-db")
-        self._closed = False
+        self.db = peewee.SqliteDatabase(self.path, pragmas=PRAGMAS, autoconnect=False)
+        self._fsync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentik-fsync")
+        self._conn: sqlite3.Connection | None = None
 
-    def _run(self, fn: Callable[[], T], atomic: bool, durable: bool = False) -> T:
-        if not atomic:
-            return fn()
-        if not durable:
-            with self.db.atomic():
-                return fn()
-        self.db.execute_sql("PRAGMA synchronous = FULL")
-        try:
-            with self.db.atomic():
-                return fn()
-        finally:
-            self.db.execute_sql("PRAGMA synchronous = NORMAL")
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("the database is not open")
+        return self._conn
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """Prepared SQL on the one connection (call it from inside ``read``/``write``)."""
+        return self.conn.execute(sql, params)
 
     async def read(self, fn: Callable[[], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, fn, False)
+        return fn()
 
     async def write(self, fn: Callable[[], T], *, durable: bool = False) -> T:
-        """Run ``fn`` in one transaction on the database thread; resolved after the commit
-        (with ``durable``, after the commit reached the disk)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, fn, True, durable)
+        """Run ``fn`` in one transaction; resolved once committed (with ``durable``, once the
+        commit is on disk)."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        if durable and self.path != ":memory:":
+            await asyncio.get_running_loop().run_in_executor(self._fsync, self._sync_wal)
+        return result
 
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        """Prepared SQL for hot paths (call it from inside ``read``/``write``)."""
-        return self.db.execute_sql(sql, params)
+    def _sync_wal(self) -> None:
+        # opened by path each time: SQLite may recreate the file after a checkpoint
+        fd = os.open(self.path + "-wal", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     async def open(self, models: list[type[peewee.Model]]) -> None:
-        def setup() -> None:
-            self.db.connect()
-            self.db.bind(models)
-            self.db.create_tables(models, safe=True)
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, setup)
+        self.db.connect()
+        self.db.bind(models)
+        self.db.create_tables(models, safe=True)
+        self._conn = self.db.connection()
 
     async def close(self) -> None:
-        if self._closed:
+        if self._conn is None:
             return
-        self._closed = True
-
-        def shutdown() -> None:
-            if self.db.is_closed():
-                return
-            if self.path != ":memory:":
-                try:
-                    self.db.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-                except peewee.DatabaseError:
-                    log.warning("WAL checkpoint failed at shutdown", exc_info=True)
-            self.db.close()
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, shutdown)
-        self._executor.shutdown(wait=True)
+        self._conn = None
+        if self.path != ":memory:":
+            try:
+                self.db.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            except peewee.DatabaseError:
+                log.warning("WAL checkpoint failed at shutdown", exc_info=True)
+        self.db.close()
+        self._fsync.shutdown(wait=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from itertools import islice
 from typing import Any
 
@@ -41,7 +41,7 @@ class EventLog:
         self._items: deque[StreamItem] = deque(maxlen=maxlen)
         self._base = self._seq = max(time.time_ns() // 1000, EventLog._high_water + 1)
         self.readers = 0
-        self._wakeup: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []  # one per reader waiting for news
         self._closed = False
 
     @property
@@ -66,10 +66,10 @@ class EventLog:
         self._wake()
 
     def _wake(self) -> None:
-        if self._wakeup is not None:
-            if not self._wakeup.done():
-                self._wakeup.set_result(None)
-            self._wakeup = None
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled reader's own future is done
+                waiter.set_result(None)
 
     def _pending(self, cursor: int) -> list[StreamItem]:
         if cursor >= self._seq:
@@ -81,24 +81,40 @@ class EventLog:
             return [StreamItem(first - 1, Gap(cursor)), *self._items]
         return list(islice(self._items, cursor + 1 - first, None))
 
-    async def subscribe(self, after: int | None = None) -> AsyncIterator[StreamItem]:
+    async def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """Yield events published after ``after`` (None: from now on) until the log closes."""
+        batches = self.batches(after)
+        try:
+            async for batch in batches:
+                for item in batch:
+                    yield item
+        finally:
+            await batches.aclose()  # now, not when the garbage collector gets to it
+
+    async def batches(
+        self, after: int | None = None, linger: float = 0.0
+    ) -> AsyncGenerator[list[StreamItem], None]:
+        """Like :meth:`subscribe`, but yield everything pending at once: a reader that was busy
+        gets the events published meanwhile in one list (one socket write for SSE). With
+        ``linger`` (seconds) it waits that long after news before collecting it."""
         cursor = self._seq if after is None else after
         if cursor > self._seq:
             cursor = self._seq  # an id this log never issued
+        loop = asyncio.get_running_loop()
         self.readers += 1
         try:
             while True:
                 batch = self._pending(cursor)
                 if batch:
-                    for item in batch:
-                        yield item
+                    yield batch
                     cursor = batch[-1].seq
                     continue
                 if self._closed:
                     return
-                if self._wakeup is None:
-                    self._wakeup = asyncio.get_running_loop().create_future()
-                await asyncio.shield(self._wakeup)
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+                await waiter
+                if linger:
+                    await asyncio.sleep(linger)
         finally:
             self.readers -= 1

@@ -58,6 +58,13 @@ def parse_fraction(raw: str) -> float:
     return value
 
 
+def parse_non_negative_float(raw: str) -> float:
+    value = _finite(raw)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
 def parse_positive_float(raw: str) -> float:
     value = _finite(raw)
     if value <= 0:

@@ -221,13 +221,15 @@ async def list_messages(request: web.Request) -> web.Response:
 async def conversation_events(request: web.Request) -> web.StreamResponse:
     conv = await conversation_or_404(request)
     after = resume_point(request)
-    return await request.app[HUB].serve(request, conv.events(after))
+    hub = request.app[HUB]
+    return await hub.serve(request, conv.event_batches(after, hub.linger))
 
 
 @routes.get("/events")
 async def agent_events(request: web.Request) -> web.StreamResponse:
     after = resume_point(request)
-    return await request.app[HUB].serve(request, request.app[AGENT].events(after))
+    hub = request.app[HUB]
+    return await hub.serve(request, request.app[AGENT].event_batches(after, hub.linger))
 
 
 @routes.get("/openapi.json")
@@ -236,10 +238,10 @@ async def openapi(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
-def make_subapp(agent: ChatAgent, heartbeat: float) -> web.Application:
+def make_subapp(agent: ChatAgent, heartbeat: float, linger: float = 0.0) -> web.Application:
     sub = web.Application(middlewares=[invalid_input_as_400])
     sub[AGENT] = agent
-    hub = sub[HUB] = StreamHub(heartbeat)
+    hub = sub[HUB] = StreamHub(heartbeat, linger)
     sub.add_routes(routes)
 
     async def close_hub(app: web.Application) -> None:

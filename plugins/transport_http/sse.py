@@ -31,8 +31,9 @@ HEADERS = {
 def encode(item: StreamItem) -> bytes:
     frame = item.memo.get("sse")
     if frame is None:
-        data = json.dumps(item.event.to_json(), ensure_ascii=False, separators=(",", ":"))
-        text = f"id: {item.seq}\nevent: {item.event.to_json()['type']}\ndata: {data}\n\n"
+        payload = item.event.to_json()
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        text = f"id: {item.seq}\nevent: {payload['type']}\ndata: {data}\n\n"
         # "replace": a model's broken surrogate pair must not kill every reader's stream
         frame = item.memo["sse"] = text.encode("utf-8", "replace")
     return frame  # type: ignore[no-any-return]
@@ -51,28 +52,33 @@ def resume_point(request: web.Request) -> int | None:
 class StreamHub:
     """The open SSE responses of one app and the one heartbeat that keeps them alive."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, linger: float = 0.0) -> None:
         self.interval = interval
+        self.linger = linger  # seconds to gather more events before a write (coalescing)
         self.streams: dict[web.StreamResponse, tuple[web.Request, asyncio.Task[object] | None]] = {}
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def serve(
-        self, request: web.Request, items: AsyncIterator[StreamItem]
+        self, request: web.Request, batches: AsyncIterator[list[StreamItem]]
     ) -> web.StreamResponse:
+        """Stream event batches until the log ends or the client leaves; one write a batch."""
         resp = web.StreamResponse(headers=HEADERS)
         await resp.prepare(request)
         self.streams[resp] = (request, asyncio.current_task())
         if self._heartbeat is None:
             self._heartbeat = asyncio.create_task(self._beat())
         try:
-            async for item in items:
-                await resp.write(encode(item))
+            async for batch in batches:
+                if len(batch) == 1:
+                    await resp.write(encode(batch[0]))
+                else:
+                    await resp.write(b"".join(encode(item) for item in batch))
         except (ConnectionError, asyncio.CancelledError):
             pass  # the client went away; the turn goes on without it
         finally:
             self.streams.pop(resp, None)
             with contextlib.suppress(Exception):
-                aclose = getattr(items, "aclose", None)
+                aclose = getattr(batches, "aclose", None)
                 if aclose is not None:
                     await aclose()
         return resp
