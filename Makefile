@@ -40,6 +40,7 @@ unit: install-test
 test: lint typecheck unit          ## install what the tests need, then lint, type-check and run the suite
 
 bench: install-test                ## run the benchmarks (see docs/PERFORMANCE.md)
+	$(PIP) install -e .[test,bench]
 	$(BIN)/python bench/run.py
 
 clean:

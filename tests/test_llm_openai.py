@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
@@ -37,7 +38,9 @@ from agentik.core.settings import Settings, SettingsError
 from agentik.core.store import MemoryStore
 from agentik.core.tools import ToolRegistry, ToolSpec, tool
 from agentik.core.types import End, Error, TextPart
+from agentik_llm_openai import client as client_module
 from agentik_llm_openai.backend import NO_RESULT, OpenAIBackend, _add_fragment, history_messages
+from agentik_llm_openai.client import retry_delay
 from tests.fake_openai import FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,12 +51,60 @@ WEATHER = ToolSpec(
 )
 
 
+class Seen:
+    """A middleware on the fake: what each request sent and when its handler ended; it can add
+    headers to error responses, or replace their body."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        self.content_types: list[list[str]] = []
+        self.peers: list[Any] = []  # the client's address: one per connection
+        self.ended: list[float] = []
+        self.error_headers: dict[str, str] = {}
+        self.error_body: str | None = None
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.headers.append(dict(request.headers))
+        self.content_types.append(request.headers.getall("Content-Type", []))
+        assert request.transport is not None
+        self.peers.append(request.transport.get_extra_info("peername"))
+        try:
+            resp: web.StreamResponse = await handler(request)
+        finally:
+            self.ended.append(time.monotonic())
+        if resp.status >= 300 and self.error_body is not None:
+            resp = web.Response(status=resp.status, text=self.error_body)
+        if resp.status >= 300:
+            resp.headers.update(self.error_headers)
+        return resp
+
+
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
+def seen() -> Seen:
+    return Seen()
+
+
+@pytest.fixture
+async def fake(seen: Seen) -> AsyncIterator[FakeOpenAI]:
     server = FakeOpenAI()
+    server.app.middlewares.append(seen.middleware)
     await server.start()
     yield server
     await server.close()
+
+
+@pytest.fixture
+def delays(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str | None, float]]:
+    """Record each back-off the client computes (retry, Retry-After, seconds), then wait 0 s."""
+    out: list[tuple[int, str | None, float]] = []
+
+    def record(retry: int, retry_after: str | None) -> float:
+        out.append((retry, retry_after, retry_delay(retry, retry_after)))
+        return 0.0
+
+    monkeypatch.setattr(client_module, "retry_delay", record)
+    return out
 
 
 def make_backend(base_url: str, **kw: Any) -> OpenAIBackend:
@@ -325,6 +376,27 @@ async def test_http_errors(fake: FakeOpenAI, backend: OpenAIBackend, status: int
     assert conv.messages == []
 
 
+async def test_error_body_that_is_not_json_is_truncated(
+    fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend
+) -> None:
+    seen.error_body = "<html>Bad gateway " + "x" * 2000 + "</html>"
+    fake.script(Reply(status=502))
+    with pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.code == "http_502"
+    prefix = "the model endpoint answered HTTP 502: "
+    assert info.value.message == prefix + seen.error_body[:500]
+
+
+async def test_request_headers(fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend) -> None:
+    await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert await backend.complete("hi") == "echo: hi"
+    for headers in seen.headers:
+        assert headers["Authorization"] == "Bearer sk-test"
+        assert headers["Content-Type"] == "application/json"
+    assert len(seen.headers) == 2 and seen.content_types == [["application/json"]] * 2
+
+
 async def test_default_error_message_of_the_fake(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
     fake.script(Reply(status=401))
     with pytest.raises(LLMError, match="Incorrect API key provided") as info:
@@ -332,15 +404,117 @@ async def test_default_error_message_of_the_fake(fake: FakeOpenAI, backend: Open
     assert info.value.code == "http_401"
 
 
-async def test_retries_then_succeeds(fake: FakeOpenAI) -> None:
+async def test_retries_then_succeeds_honouring_retry_after(fake: FakeOpenAI, seen: Seen) -> None:
+    seen.error_headers = {"Retry-After": "0"}  # the back-off would be 0.375-0.5 s
     llm = make_backend(fake.base_url, max_retries=1)
     fake.script(Reply(status=500), Reply("recovered"))
+    started = time.monotonic()
     try:
         chunks = await collect(llm.create_conversation("", [], []), [UserInput("hi")])
     finally:
         await llm.aclose()
+    assert time.monotonic() - started < 0.3
     assert text_of(chunks) == "recovered"
     assert len(fake.requests) == 2
+    assert fake.requests[0] == fake.requests[1]
+
+
+async def test_retries_on_429_and_503_before_the_first_chunk(
+    fake: FakeOpenAI, seen: Seen, delays: list[tuple[int, str | None, float]]
+) -> None:
+    seen.error_headers = {"Retry-After": "7"}
+    llm = make_backend(fake.base_url, max_retries=2)
+    fake.script(Reply(status=429), Reply(status=503), Reply("third time lucky"))
+    try:
+        chunks = await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+    finally:
+        await llm.aclose()
+    assert text_of(chunks) == "third time lucky"
+    assert len(fake.requests) == 3
+    assert delays == [(0, "7", 7.0), (1, "7", 7.0)]  # the server's Retry-After, read for real
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504])
+async def test_retryable_statuses_give_up_after_max_retries(
+    fake: FakeOpenAI, delays: list[tuple[int, str | None, float]], status: int
+) -> None:
+    llm = make_backend(fake.base_url, max_retries=2)
+    fake.script(*[Reply(status=status)] * 3, Reply("not reached"))
+    try:
+        with pytest.raises(LLMError) as info:
+            await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+    finally:
+        await llm.aclose()
+    assert info.value.code == f"http_{status}"
+    assert len(fake.requests) == 3
+    assert [(retry, after) for retry, after, _ in delays] == [(0, None), (1, None)]
+    assert 0.375 <= delays[0][2] <= 0.5 and 0.75 <= delays[1][2] <= 1.0  # 0.5 s x 2^n, jittered
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+async def test_other_statuses_are_not_retried(
+    fake: FakeOpenAI, delays: list[tuple[int, str | None, float]], status: int
+) -> None:
+    llm = make_backend(fake.base_url, max_retries=2)
+    fake.script(Reply(status=status), Reply("not reached"))
+    try:
+        with pytest.raises(LLMError) as info:
+            await llm.complete("hi")
+    finally:
+        await llm.aclose()
+    assert info.value.code == f"http_{status}"
+    assert len(fake.requests) == 1 and delays == []
+
+
+async def test_no_retry_once_the_stream_has_started(
+    fake: FakeOpenAI, delays: list[tuple[int, str | None, float]]
+) -> None:
+    llm = make_backend(fake.base_url, max_retries=2)
+    fake.script(Reply("one two three four", fail_after=3), Reply("not reached"))
+    received: list[LLMChunk] = []
+    try:
+        with pytest.raises(LLMError) as info:
+            async for chunk in llm.create_conversation("", [], []).stream([UserInput("hi")]):
+                received.append(chunk)
+    finally:
+        await llm.aclose()
+    assert text_of(received) == "one two"
+    assert info.value.code == "connection"
+    assert len(fake.requests) == 1 and delays == []
+
+
+async def test_complete_retries(
+    fake: FakeOpenAI, delays: list[tuple[int, str | None, float]]
+) -> None:
+    llm = make_backend(fake.base_url, max_retries=1)
+    fake.script(Reply(status=502), Reply("a summary"))
+    try:
+        assert await llm.complete("summarize") == "a summary"
+    finally:
+        await llm.aclose()
+    assert len(fake.requests) == 2 and len(delays) == 1
+
+
+async def test_a_timeout_before_the_reply_is_retried(
+    fake: FakeOpenAI, delays: list[tuple[int, str | None, float]]
+) -> None:
+    llm = make_backend(fake.base_url, timeout=0.2, max_retries=1)
+    fake.script(Reply("too late", delay=1.0), Reply("in time"))  # non-streamed: delays headers
+    try:
+        assert await llm.complete("hi") == "in time"
+    finally:
+        await llm.aclose()
+    assert len(fake.requests) == 2 and len(delays) == 1
+
+
+def test_retry_delay() -> None:
+    assert retry_delay(0, "3") == 3.0
+    assert retry_delay(5, "0") == 0.0
+    assert retry_delay(0, "1.5") == 1.5
+    assert retry_delay(0, "3600") == 60.0  # capped
+    for retry, low, high in [(0, 0.375, 0.5), (1, 0.75, 1.0), (2, 1.5, 2.0), (9, 6.0, 8.0)]:
+        for after in (None, "", "-1", "nan", "Wed, 21 Oct 2015 07:28:00 GMT"):  # back-off
+            assert low <= retry_delay(retry, after) <= high, (retry, after)
 
 
 async def test_timeout(fake: FakeOpenAI) -> None:
@@ -363,19 +537,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_connection_refused() -> None:
+async def test_connection_refused(delays: list[tuple[int, str | None, float]]) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
-    llm = make_backend(url)
+    llm = make_backend(url, max_retries=1)
     try:
         with pytest.raises(LLMError) as info:
             await collect(llm.create_conversation("", [], []), [UserInput("hi")])
         assert info.value.code == "connection"
-        assert url in info.value.message
+        assert f"could not reach the model at {url}" in info.value.message
         with pytest.raises(LLMError) as info:
             await llm.complete("hi")
         assert info.value.code == "connection"
     finally:
         await llm.aclose()
+    assert [retry for retry, _, _ in delays] == [0, 0]  # one retry each
 
 
 async def test_broken_stream_leaves_messages_clean(
@@ -417,10 +592,10 @@ async def test_malformed_streams(
     assert conv.messages == []
 
 
-async def test_cancel_mid_stream_keeps_messages_clean(
-    fake: FakeOpenAI, backend: OpenAIBackend
+async def test_cancel_mid_stream_keeps_messages_clean_and_closes_the_response(
+    fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend
 ) -> None:
-    fake.script(Reply("slow " * 50, delay=0.02))
+    fake.script(Reply("slow " * 50, delay=0.02))  # 1 s of stream
     conv = backend.create_conversation("", [], [])
     first = asyncio.Event()
 
@@ -431,9 +606,14 @@ async def test_cancel_mid_stream_keeps_messages_clean(
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), 5)
     task.cancel()
+    cancelled = time.monotonic()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert conv.messages == []
+    deadline = cancelled + 5
+    while not seen.ended and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert seen.ended[0] - cancelled < 0.3  # the fake's next write found the connection closed
 
 
 # --- complete() ---------------------------------------------------------------------------
@@ -458,9 +638,70 @@ async def test_complete(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
 # --- the plugin ---------------------------------------------------------------------------
 
 
-def test_plugin_import_does_not_import_openai() -> None:
-    code = "import sys, agentik_llm_openai; assert 'openai' not in sys.modules, 'imported'"
+def test_no_openai_sdk_anywhere() -> None:
+    code = (
+        "import sys, agentik_llm_openai, agentik_llm_openai.backend;"
+        "heavy = [m for m in ('openai', 'httpx2', 'httpx', 'pydantic') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+async def test_session_made_by_start_and_closed_by_aclose(fake: FakeOpenAI) -> None:
+    llm = make_backend(fake.base_url)
+    await llm.start()
+    session = llm.client.session
+    await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+    await llm.complete("hi")
+    assert llm.client.session is session  # one session, reused
+    await llm.aclose()
+    assert session.closed
+    await llm.aclose()  # twice is fine
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+async def test_proxy_from_the_environment(
+    fake: FakeOpenAI, seen: Seen, monkeypatch: pytest.MonkeyPatch, bypass: bool
+) -> None:
+    """HTTP_PROXY and NO_PROXY are honoured, as the SDK did: the fake is the proxy here (an
+    aiohttp server answers an absolute-form request line by its path)."""
+    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{fake.port}")
+    if bypass:
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    target = f"127.0.0.1:{free_port()}"  # nothing listens there
+    llm = make_backend(f"http://{target}/v1")
+    try:
+        if bypass:
+            with pytest.raises(LLMError) as info:
+                await llm.complete("hi")
+            assert info.value.code == "connection"
+        else:
+            assert await llm.complete("hi") == "echo: hi"
+            assert seen.headers[0]["Host"] == target
+    finally:
+        await llm.aclose()
+
+
+async def test_connections_are_kept_alive(
+    fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend
+) -> None:
+    fake.script(Reply("a"), Reply(tool_calls=[("add", {"a": 1})]), Reply(status=500))
+    for _ in range(2):
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    with pytest.raises(LLMError):
+        await backend.complete("hi")
+    assert await backend.complete("hi") == "echo: hi"
+    assert len(seen.peers) == 4 and len(set(seen.peers)) == 1
+
+
+async def test_session_made_lazily_without_start(fake: FakeOpenAI) -> None:
+    llm = make_backend(fake.base_url)
+    try:
+        assert await llm.complete("hi") == "echo: hi"
+    finally:
+        await llm.aclose()
 
 
 def settings(**env: str) -> Settings:
@@ -496,7 +737,7 @@ def test_registered_backend_and_banner() -> None:
     registry = BackendRegistry("llm")
     plugin.register_llm_backends(register=registry.register_for("agentik_llm_openai"))
     entry = registry.get("openai", variable="AGENTIK_LLM_BACKEND")
-    assert entry.extra == "openai" and entry.requires == ("openai",)
+    assert entry.extra is None and entry.requires == ()  # aiohttp only
     llm = entry.factory(
         settings(
             OPENAI_BASE_URL="http://localhost:11434/v1/",
@@ -630,3 +871,25 @@ async def test_a_surrogate_pair_split_across_chunks_is_rejoined(
     chunks = await collect(conv, [UserInput("hi")])
     assert text_of(chunks) == "smile \U0001f600 done \ufffd"
     text_of(chunks).encode()  # valid UTF-8: SQLite and SSE clients can take it
+
+
+async def test_sse_framing_crlf_comments_and_a_huge_line(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    big = "y" * (3 << 20)  # one 3 MiB line: more than aiohttp's readline limit (512 KiB)
+    first = json.dumps({"choices": [{"index": 0, "delta": {"content": "a"}}]})
+    second = json.dumps({"choices": [{"index": 0, "delta": {"content": big}}]})
+    done = json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    raw = (
+        ": keep-alive\r\n\r\n"
+        f"event: message\r\ndata: {first}\r\n\r\n"
+        f"data:{second}\n\n"
+        f"data: {done}\r\n\r\n"
+        "data: [DONE]\r\n\r\n"
+        "data: {after done: ignored\n\n"
+    )
+    fake.script(Reply(raw=raw))
+    conv = backend.create_conversation("", [], [])
+    chunks = await collect(conv, [UserInput("hi")])
+    assert text_of(chunks) == "a" + big
+    assert conv.messages[-1] == {"role": "assistant", "content": "a" + big}

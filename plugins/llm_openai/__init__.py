@@ -1,4 +1,9 @@
-"""The ``openai`` LLM backend (hooks only: ``openai`` is imported once this backend is chosen)."""
+"""The ``openai`` LLM backend: any OpenAI-compatible chat-completions endpoint.
+
+Hooks only: the backend module is imported once this backend is chosen. It talks to the endpoint
+with aiohttp (a core dependency), not the ``openai`` SDK, which measured as the bottleneck of a
+turn (its per-request transform, its stream reader and its import; see ``backend.py``).
+"""
 
 from __future__ import annotations
 
@@ -52,7 +57,7 @@ def make_backend(settings: Settings) -> Any:
 
 @hookimpl
 def register_llm_backends(register: Callable[..., None]) -> None:
-    register("openai", make_backend, requires=("openai",), extra="openai")
+    register("openai", make_backend)  # aiohttp only: nothing extra to install
 
 
 @hookimpl

@@ -1,0 +1,200 @@
+"""A minimal client for an OpenAI-compatible ``/chat/completions`` endpoint, on aiohttp.
+
+It POSTs a request body serialised once with ``json.dumps``, retries like the ``openai`` SDK
+(connection errors, timeouts, 408, 409, 429 and 5xx; exponential back-off or ``Retry-After``)
+but only before the reply's body is read, splits a streamed body into SSE ``data:`` payloads,
+and maps every failure to an :class:`LLMError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
+
+from agentik.core.llm import LLMError
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
+BACKOFF_START, BACKOFF_MAX, RETRY_AFTER_MAX = 0.5, 8.0, 60.0
+
+
+def retry_delay(retry: int, retry_after: str | None) -> float:
+    """Seconds before retry number ``retry`` (0-based): the server's ``Retry-After`` (in seconds,
+    at most 60), else 0.5 s x 2^retry, at most 8 s, minus up to 25 % jitter (as the SDK does)."""
+    if retry_after:
+        try:
+            seconds = float(retry_after)
+        except ValueError:
+            pass  # an HTTP date: use the back-off
+        else:
+            if seconds >= 0:  # not NaN, not negative
+                return min(seconds, RETRY_AFTER_MAX)
+    return min(BACKOFF_START * 2.0**retry, BACKOFF_MAX) * (1 - 0.25 * random.random())
+
+
+def retryable(status: int) -> bool:
+    return status in RETRY_STATUSES or status >= 500
+
+
+class OpenAIClient:
+    """One ``aiohttp.ClientSession`` (a pool of keep-alive connections) for one endpoint."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float, max_retries: int) -> None:
+        self.base_url, self.api_key = base_url, api_key
+        self.url = f"{base_url}/chat/completions"
+        self.timeout, self.max_retries = timeout, max_retries
+        self._session: aiohttp.ClientSession | None = None
+        self._proxy: URL | None = None
+        self._proxy_auth: aiohttp.BasicAuth | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # start() normally made it; be lenient in scripts and tests
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),  # no pool limit: one per live stream
+                headers={
+                    "Authorization": f"Bearer {self.api_key}",
+                    "Content-Type": "application/json",
+                },
+                # connecting, and every gap between reads (the first byte included)
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=self.timeout, sock_read=self.timeout
+                ),
+            )
+            # HTTP(S)_PROXY and NO_PROXY, as the SDK (httpx) honoured them; read once, as
+            # trust_env=True would per request (2 thread hops, ~0.7 ms) and it would also add
+            # a ~/.netrc login to our Authorization header
+            try:
+                self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
+            except LookupError:
+                self._proxy, self._proxy_auth = None, None
+        return self._session
+
+    async def start(self) -> None:
+        _ = self.session
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # --- requests -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def post(self, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST ``body`` and hold the 2xx response open (closing it on exit, also on
+        cancellation); retries and maps every failure before that to an :class:`LLMError`."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        session = self.session  # made (and the proxy read) on first use
+        retry = 0
+        while True:
+            cause: BaseException | None
+            retry_after = None
+            try:
+                resp = await session.post(
+                    self.url,
+                    data=data,
+                    allow_redirects=False,
+                    proxy=self._proxy,
+                    proxy_auth=self._proxy_auth,
+                )
+            except TimeoutError as e:  # aiohttp's timeouts subclass it
+                error, cause, again = self.timed_out(), e, True
+            except aiohttp.ClientError as e:
+                message = f"could not reach the model at {self.base_url}: {e}"
+                error, cause, again = LLMError(message, "connection"), e, True
+            else:
+                if resp.status < 300:
+                    break
+                async with resp:
+                    error = await self._status_error(resp)
+                cause, again = None, retryable(resp.status)
+                retry_after = resp.headers.get("Retry-After")
+            if not again or retry >= self.max_retries:
+                raise error from cause
+            delay = retry_delay(retry, retry_after)
+            log.info("%s; retry %d of %d in %.2f s", error, retry + 1, self.max_retries, delay)
+            await asyncio.sleep(delay)
+            retry += 1
+        try:
+            async with resp:
+                yield resp
+        except TimeoutError as e:
+            raise self.timed_out() from e
+        except aiohttp.ClientError as e:
+            raise LLMError(
+                f"the connection to {self.base_url} broke during the reply: {e}", "connection"
+            ) from e
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """POST ``body`` and yield the payload of each SSE ``data:`` line (``b"[DONE]"``
+        included). Close the generator (``contextlib.aclosing``) to close the response."""
+        async with self.post(body) as resp:
+            async for line in lines(resp.content):
+                if line.startswith(b"data:"):  # not blank separators, comments, event names
+                    yield line[5:].strip()
+
+    async def complete(self, body: dict[str, Any]) -> Any:
+        """POST ``body`` (not streamed) and return its decoded JSON."""
+        async with self.post(body) as resp:
+            raw = await resp.read()
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise LLMError(f"{self.base_url} sent a malformed reply: {e}", "bad_response") from e
+
+    # --- errors ---------------------------------------------------------------------------
+
+    def timed_out(self) -> LLMError:
+        return LLMError(
+            f"the model at {self.base_url} timed out after {self.timeout:g} s", "timeout"
+        )
+
+    async def _status_error(self, resp: aiohttp.ClientResponse) -> LLMError:
+        """``the model endpoint answered HTTP 429: <error.message, or the body's text>``."""
+        try:
+            raw = await resp.read()
+        except (TimeoutError, aiohttp.ClientError):
+            raw = b""
+        text = raw.decode(errors="replace").strip()
+        try:
+            error = json.loads(text)["error"]
+            message = str(error["message"] if isinstance(error, dict) else error)[:500]
+        except (ValueError, TypeError, KeyError, IndexError):
+            message = text[:500]
+        if not message:
+            message = resp.reason or "(no body)"
+        if resp.headers.get("Location"):
+            message += f" (redirected to {resp.headers['Location']})"
+        return LLMError(
+            f"the model endpoint answered HTTP {resp.status}: {message}", f"http_{resp.status}"
+        )
+
+
+async def lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The lines of a body, without their ``\\n``, as they arrive. Unlike
+    ``async for line in content`` there is no line-length limit (a whole reply may come as one
+    chunk) and one split per network read rather than one ``readline`` per line."""
+    head: list[bytes] = []  # the start of a line still without its end
+    async for data in content.iter_any():
+        *complete, tail = data.split(b"\n")
+        if complete:
+            if head:
+                complete[0] = b"".join((*head, complete[0]))
+                head.clear()
+            for line in complete:
+                yield line
+        if tail:
+            head.append(tail)
+    if head:
+        yield b"".join(head)
