@@ -104,6 +104,18 @@ def register_prompt_sections(register: Callable[..., None], settings: Settings) 
 
 
 @hookspec
+def register_services(register: Callable[..., None], agent: ChatAgent, settings: Settings) -> None:
+    """Contribute long-lived resources that live as long as the server (MCP sessions, clients).
+
+    ``register(name, context)``: ``context()`` returns an async context manager. It is entered
+    at start-up, in registration order, after the database is open and before requests are
+    served; it is exited at shutdown, in reverse order, after running turns have stopped. A
+    service that raises while starting stops start-up with its name. Tools it discovers while
+    starting can be added with ``agent.tools.add(tool)``.
+    """
+
+
+@hookspec
 def register_jobs(register: Callable[..., None], agent: ChatAgent, settings: Settings) -> None:
     """Contribute background jobs.
 

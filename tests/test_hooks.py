@@ -229,3 +229,45 @@ async def test_hook_banner_lines(aiohttp_client):
     assert "  mcp: 0 tools from 0 servers (agentik)" in lines
     assert any(line.startswith("  POST /agentik/conversations") for line in lines)
     assert lines[-1] == "  tokens: 0 convs, 0 turns, in=0, out=0, total=0"
+
+
+async def test_hook_register_services(aiohttp_client):
+    import contextlib
+
+    from aiohttp.test_utils import TestServer
+
+    from agentik.core.app import StartupError
+
+    log: list[str] = []
+
+    class P:
+        @hookimpl
+        def register_services(self, register, agent):
+            @contextlib.asynccontextmanager
+            async def discovered_tools():
+                log.append("start")
+                agent.tools.add(tool(lambda: "pong", name="ping", description="Ping."))
+                yield
+                log.append("stop")
+
+            register("pinger", discovered_tools)
+
+    app = make_app(plugins=[("p", P())])
+    server = TestServer(app)
+    await server.start_server()
+    assert log == ["start"] and app[AGENT].tools.names() == ["ping"]
+    await server.close()
+    assert log == ["start", "stop"]
+
+    class Broken:
+        @hookimpl
+        def register_services(self, register):
+            @contextlib.asynccontextmanager
+            async def nope():
+                raise RuntimeError("no such server")
+                yield
+
+            register("broken", nope)
+
+    with pytest.raises(StartupError, match="service 'broken' failed to start: no such server"):
+        await TestServer(make_app(plugins=[("b", Broken())])).start_server()

@@ -7,6 +7,7 @@ closed in reverse), and every open event stream ends in ``on_shutdown``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -181,6 +182,7 @@ def create_app(
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     agent, settings, plugins = app[AGENT], app[SETTINGS], app[PLUGINS]
+    services = contextlib.AsyncExitStack()
     await agent.llm.start()
     try:
         try:
@@ -188,11 +190,29 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         except Exception as e:
             path = settings["AGENTIK_DB_PATH"]
             raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
+        await _start_services(services, agent, plugins, settings)
         _start_jobs(agent, plugins, settings)
         yield
     finally:
-        await agent.close()
+        await agent.close()  # turns stop before the services they may be using
+        await services.aclose()
         await agent.llm.aclose()
+
+
+async def _start_services(
+    stack: contextlib.AsyncExitStack, agent: ChatAgent, plugins: Plugins, settings: Settings
+) -> None:
+    services: list[tuple[str, Callable[[], contextlib.AbstractAsyncContextManager[Any]]]] = []
+    plugins.hook.register_services(
+        register=lambda name, context: services.append((name, context)),
+        agent=agent,
+        settings=settings,
+    )
+    for name, context in services:
+        try:
+            await stack.enter_async_context(context())
+        except Exception as e:
+            raise StartupError(f"service {name!r} failed to start: {e}") from e
 
 
 def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
