@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from agentik.core.agent import ChatAgent, ChatConversation
+    from agentik.core.agent import ChatAgent
+    from agentik.core.conversation import ChatConversation
     from agentik.core.registry import Register
     from agentik.core.settings import Setting, Settings
     from agentik.core.tools import Tool

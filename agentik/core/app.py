@@ -14,7 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agentik.core.agent import ChatAgent, PromptSection
+from agentik.core.agent import ChatAgent
+from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.llm import LLMBackend
 from agentik.core.plugins import Plugins, make_plugins

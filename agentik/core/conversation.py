@@ -1,0 +1,481 @@
+"""One conversation and its turn engine: the FIFO of turns, the tool loop, interrupts, the
+error path (F2) and token accounting (F12)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentik.core.events import EventLog, StreamItem
+from agentik.core.llm import (
+    HistoryItem,
+    LLMConversation,
+    LLMError,
+    LLMInput,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallRequest,
+    ToolResultInput,
+    Usage,
+    UserInput,
+)
+from agentik.core.store import Store, utcnow
+from agentik.core.types import (
+    AppendText,
+    ContentPart,
+    ConversationInfo,
+    End,
+    Error,
+    Event,
+    ImagePart,
+    Interrupted,
+    InvalidInput,
+    Message,
+    MessageContext,
+    StartReasoning,
+    StartResponse,
+    TokenUsage,
+    ToolCall,
+    ToolResult,
+    content_from_json,
+    content_text,
+    content_to_json,
+)
+
+if TYPE_CHECKING:
+    from agentik.core.agent import ChatAgent
+
+log = logging.getLogger(__name__)
+
+RESTART_ERROR = "the turn was cut off by a server restart"
+PromptSection = tuple[int, str, Callable[[], str | None]]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def error_record(conversation_id: str, user_id: str, message: str, code: str | None) -> Message:
+    return Message(
+        new_id("err"),
+        conversation_id,
+        "error",
+        utcnow(),
+        {"message": message, "code": code, "userMessageId": user_id},
+    )
+
+
+class ConversationClosed(Exception):
+    """The conversation was deleted or closed; it takes no more messages."""
+
+
+class _Turn:
+    """What one running turn has done so far (for the interrupt and error paths)."""
+
+    __slots__ = ("ended", "memory", "open_calls", "text", "user")
+
+    def __init__(self, user: Message) -> None:
+        self.user = user
+        self.ended = False  # its End event was emitted
+        # working-memory entries not written yet: they go with the turn's next write, so a
+        # plain turn costs one transaction (a crash or failure drops the turn's rows anyway)
+        self.memory: list[HistoryItem] = []
+        self.text: list[str] = []
+        self.open_calls: dict[str, tuple[str, str]] = {}  # call id -> (tool name, record id)
+
+
+class ChatConversation:
+    supports_image_output = False
+
+    def __init__(self, agent: ChatAgent, info: ConversationInfo) -> None:
+        self.agent = agent
+        self.id = info.id
+        self.title = info.title
+        self.is_temporal = info.is_temporal
+        self.created_at = info.created_at
+        self.updated_at = info.updated_at
+        self._store: Store = agent.temp_store if info.is_temporal else agent.store
+        self._events = EventLog(agent.event_buffer)
+        self._queue: deque[Message] = deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._turn_task: asyncio.Task[None] | None = None
+        self._interrupting = False
+        self._finishing = False  # the turn is recording its end: an interrupt would split it
+        self._llm: LLMConversation | None = None
+        self._closed = False
+        self._sending = 0  # sends between their first line and their queued turn
+        self._evicted = False  # dropped from the agent's memory while idle; see _current()
+        #: how many live LLM conversations were built for this chat (tests and debugging)
+        self.llm_builds = 0
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    @property
+    def supports_image_input(self) -> bool:
+        caps = self.agent.llm.capabilities or {}
+        return bool(caps.get("image_input"))
+
+    @property
+    def busy(self) -> bool:
+        return self._worker is not None and not self._worker.done()
+
+    @property
+    def idle(self) -> bool:
+        """No send, turn or reader in progress: safe to drop from memory."""
+        return not self.busy and not self._sending and self._events.readers == 0
+
+    def info(self) -> ConversationInfo:
+        return ConversationInfo(
+            self.id, self.title, self.is_temporal, self.created_at, self.updated_at
+        )
+
+    async def send(
+        self, content: Sequence[ContentPart], context: MessageContext | None = None
+    ) -> Message:
+        """Record the user message (durably), queue its turn and return the record."""
+        if self._evicted:
+            return await (await self._current()).send(content, context)
+        if self._closed:
+            raise ConversationClosed(f"conversation {self.id} is closed")
+        if not content:
+            raise InvalidInput("content must not be empty")
+        if any(isinstance(p, ImagePart) for p in content) and not self.supports_image_input:
+            raise InvalidInput("this agent's model does not accept image input")
+        payload: dict[str, Any] = {"content": content_to_json(list(content))}
+        if context is not None:
+            payload["context"] = context.to_json()
+        msg = Message(new_id("msg"), self.id, "user", utcnow(), payload)
+        # shielded: once the write started, the turn is queued even if the caller goes away
+        # (a client that disconnects before its 202)
+        self._sending += 1  # from now on the conversation is not idle
+        return await asyncio.shield(self._accept(msg))
+
+    async def _accept(self, msg: Message) -> Message:
+        try:
+            await self._store.append(
+                self.id, [msg], turn_id=msg.id, touch=msg.created_at, durable=True
+            )
+        except Exception as e:
+            if self._closed:  # deleted while the write waited
+                raise ConversationClosed(f"conversation {self.id} was deleted") from e
+            raise
+        finally:
+            self._sending -= 1
+        self.updated_at = msg.created_at
+        self.agent.touch(self.id)
+        self._queue.append(msg)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
+        self.agent.publish("ConversationUpdated", self.id)
+        return msg
+
+    async def wait_idle(self) -> None:
+        """Wait until every queued turn has run (for scripts, tests and benchmarks)."""
+        while self._worker is not None and not self._worker.done():
+            await asyncio.wait([self._worker])
+
+    def interrupt(self) -> bool:
+        """Stop the running turn (queued sends still run). False when nothing was running."""
+        if self._evicted:
+            live = self.agent._live.get(self.id)
+            return live.interrupt() if live is not None and live is not self else False
+        task = self._turn_task
+        if task is None or task.done() or self._finishing:
+            return False
+        self._interrupting = True
+        task.cancel()
+        return True
+
+    async def events(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
+        """Live events after the sequence id ``after`` (None: from now on)."""
+        batches = self.event_batches(after)
+        try:
+            async for batch in batches:
+                for item in batch:
+                    yield item
+        finally:
+            await batches.aclose()
+
+    async def event_batches(
+        self, after: int | None = None, linger: float = 0.0
+    ) -> AsyncGenerator[list[StreamItem], None]:
+        """:meth:`events` in lists: all that was published while the reader was busy (see
+        :meth:`EventLog.batches`); transports write a list in one go."""
+        # resolved at the first read, not when called: the object may be evicted in between
+        live = await self._current() if self._evicted else self
+        batches = live._events.batches(after, linger)
+        try:
+            async for batch in batches:
+                yield batch
+        finally:
+            await batches.aclose()
+
+    async def get_messages(
+        self, after: str | None = None, offset: int = 0, limit: int = 50
+    ) -> list[Message]:
+        return await self._store.list_messages(self.id, after, offset, limit)
+
+    async def rename(self, title: str | None) -> None:
+        if self._evicted:
+            return await (await self._current()).rename(title)
+        now = utcnow()
+        await self._store.update_conversation(self.id, updated_at=now, title=title, set_title=True)
+        self.title, self.updated_at = title, now
+        self.agent.publish("ConversationUpdated", self.id)
+
+    async def close(self) -> None:
+        """Stop the running turn and release the live LLM conversation. Turns still queued are
+        left to crash recovery: they get an Error record at the next start."""
+        self._closed = True
+        self._queue.clear()
+        self.interrupt()
+        if self._worker is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        await self._reset_llm()
+        self._events.close()
+
+    async def _current(self) -> ChatConversation:
+        """The agent's live object for this conversation (this one may have been evicted)."""
+        live = await self.agent.get_conversation(self.id)
+        if live is None:
+            raise ConversationClosed(f"conversation {self.id} was deleted")
+        return live
+
+    def _evict(self) -> None:
+        self._evicted = True
+        self._events.close()
+        if self._llm is not None:
+            self.agent.jobs.spawn(f"release-llm:{self.id}", self._reset_llm())
+        if self.is_temporal:  # nothing else keeps it: an idle temporary conversation ends here
+            self.agent.jobs.spawn(f"forget:{self.id}", self.agent.forget_temporary(self.id))
+
+    # --- the turn engine --------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        while self._queue and not self._closed:
+            msg = self._queue.popleft()
+            self._interrupting = self._finishing = False
+            self._turn_task = asyncio.create_task(self._run_turn(msg), name=f"turn-{msg.id}")
+            await asyncio.wait([self._turn_task])
+            if not self._turn_task.cancelled() and self._turn_task.exception():
+                log.error(
+                    "turn %s of %s crashed", msg.id, self.id, exc_info=self._turn_task.exception()
+                )
+        self._turn_task = None
+        # once this worker is done, this conversation is idle and may be dropped too
+        asyncio.get_running_loop().call_soon(self.agent.evict_idle)
+
+    def _emit(self, event: Event) -> None:
+        self._events.publish(event)
+
+    async def _write(
+        self,
+        messages: Sequence[Message] = (),
+        memory: Sequence[HistoryItem] = (),
+        turn: _Turn | None = None,
+    ) -> None:
+        if turn is not None and turn.memory:
+            memory, turn.memory = [*turn.memory, *memory], []
+        # shielded: an interrupt must not cancel a write half-way through the queue
+        await asyncio.shield(
+            self._store.append(self.id, messages, memory, turn_id=turn.user.id if turn else None)
+        )
+
+    async def _live_llm(self) -> LLMConversation:
+        if self._llm is None:
+            rows = await self._store.list_memory(self.id)
+            self._llm = self.agent.llm.create_conversation(
+                self.agent.system_prompt(), [r.item for r in rows], self.agent.tools.specs()
+            )
+            self.llm_builds += 1
+        return self._llm
+
+    async def _reset_llm(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            try:
+                await llm.aclose()
+            except Exception:
+                log.warning("closing the LLM conversation of %s failed", self.id, exc_info=True)
+
+    def _llm_text(self, user: Message) -> str:
+        ctx = user.payload.get("context")
+        prefix = MessageContext.from_json(ctx).llm_prefix() if ctx else ""
+        return prefix + content_text(content_from_json(user.payload["content"]))
+
+    async def _run_turn(self, user: Message) -> None:
+        turn = _Turn(user)
+        self.agent.publish("TurnStarted", self.id)
+        try:
+            try:
+                await self._turn_body(turn)
+            except asyncio.CancelledError:
+                await self._finish_interrupted(turn)
+            except LLMError as e:
+                await self._fail(turn, e.message, e.code)
+            except Exception as e:
+                log.exception("turn %s of %s failed", user.id, self.id)
+                await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
+        except Exception:
+            # even the end could not be recorded (the database is gone): it is closed at the
+            # next start; listeners still get their Error and End
+            log.exception("recording the end of turn %s of %s failed", user.id, self.id)
+        finally:
+            if not turn.ended:
+                self._emit(Error("the turn could not be recorded", "internal"))
+                self._end(turn)
+            self.agent.publish("TurnEnded", self.id)
+
+    def _end(self, turn: _Turn) -> None:
+        turn.ended = True
+        self._emit(End())
+
+    async def _turn_body(self, turn: _Turn) -> None:
+        text = self._llm_text(turn.user)
+        llm = await self._live_llm()
+        turn.memory.append(HistoryItem("user", text))
+        extra = await self.agent.before_turn(self, text)
+        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text)]
+        first_input: int | None = None
+        last_total: int | None = None
+        usage_known = True
+        while True:
+            step_text: list[str] = []
+            calls: list[ToolCallRequest] = []
+            started = reasoning = False
+            step_usage: Usage | None = None
+            async for chunk in llm.stream(inputs):
+                if isinstance(chunk, TextDelta):
+                    if not started:
+                        started = True
+                        self._emit(StartResponse())
+                    step_text.append(chunk.text)
+                    turn.text.append(chunk.text)
+                    self._emit(AppendText(chunk.text))
+                elif isinstance(chunk, ReasoningDelta):
+                    if not reasoning:
+                        reasoning = True
+                        self._emit(StartReasoning())
+                    self._emit(AppendText(chunk.text, reasoning=True))
+                elif isinstance(chunk, ToolCallRequest):
+                    calls.append(chunk)
+                elif isinstance(chunk, Usage):
+                    step_usage = chunk
+            if step_usage is None or step_usage.input_tokens is None:
+                usage_known = False
+            elif usage_known:
+                if first_input is None:
+                    first_input = step_usage.input_tokens
+                last_total = step_usage.input_tokens + (step_usage.output_tokens or 0)
+            if not calls:
+                break
+            if step_text:
+                await self._write(memory=[HistoryItem("assistant", "".join(step_text))], turn=turn)
+            inputs = await self._run_tools(turn, calls)
+        tokens = TokenUsage(
+            first_input if usage_known else None,
+            (last_total - first_input)
+            if usage_known and last_total is not None and first_input is not None
+            else None,
+        )
+        await self._finish(turn, step_text, tokens)
+
+    async def _run_tools(self, turn: _Turn, calls: list[ToolCallRequest]) -> list[LLMInput]:
+        results: list[LLMInput] = []
+        for call in calls:
+            record_id = new_id("tc")
+            turn.open_calls[call.call_id] = (call.name, record_id)
+            self._emit(ToolCall(call.call_id, call.name, call.args_json))
+            await self._write(
+                [
+                    Message(
+                        record_id,
+                        self.id,
+                        "tool_call",
+                        utcnow(),
+                        {"callId": call.call_id, "toolName": call.name, "argsJson": call.args_json},
+                    )
+                ],
+                [
+                    HistoryItem(
+                        "tool_call",
+                        call_id=call.call_id,
+                        tool_name=call.name,
+                        args_json=call.args_json,
+                    )
+                ],
+                turn,
+            )
+            text, is_error = await self.agent.tools.invoke(call.name, call.args_json)
+            await self._record_result(turn, call.call_id, text, is_error)
+            results.append(ToolResultInput(call.call_id, call.name, text))
+        return results
+
+    async def _record_result(self, turn: _Turn, call_id: str, text: str, is_error: bool) -> None:
+        name, record_id = turn.open_calls.pop(call_id)
+        result_id = new_id("tr")
+        self._emit(ToolResult(result_id, call_id, text, is_error))
+        await self._write(
+            [
+                Message(
+                    result_id,
+                    self.id,
+                    "tool_result",
+                    utcnow(),
+                    {
+                        "toolCallId": record_id,
+                        "callId": call_id,
+                        "toolName": name,
+                        "text": text,
+                        "isError": is_error,
+                    },
+                )
+            ],
+            [HistoryItem("tool_result", text, call_id=call_id, tool_name=name)],
+            turn,
+        )
+
+    async def _finish(
+        self, turn: _Turn, last_step: list[str], tokens: TokenUsage, interrupted: bool = False
+    ) -> None:
+        self._finishing = True
+        payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
+        if interrupted:
+            payload["interrupted"] = True
+        memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
+        await self._write(
+            [Message(new_id("as"), self.id, "assistant", utcnow(), payload)], memory, turn
+        )
+        if interrupted:
+            self._emit(Interrupted())
+        self._end(turn)
+        if not interrupted:
+            self.agent.after_turn(self, self._llm_text(turn.user), payload["text"])
+
+    async def _finish_interrupted(self, turn: _Turn) -> None:
+        self._finishing = True
+        if not self._interrupting:
+            log.info("turn %s of %s cancelled by shutdown", turn.user.id, self.id)
+        # the model's stream was cut: its live conversation may be inconsistent
+        await self._reset_llm()
+        for call_id in list(turn.open_calls):
+            await self._record_result(turn, call_id, "Error: interrupted", True)
+        await self._finish(turn, [], TokenUsage(None, None), interrupted=True)
+
+    async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
+        """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
+        self._finishing = True
+        await self._reset_llm()
+        await asyncio.shield(
+            self._store.fail_turn(
+                self.id, turn.user.id, error_record(self.id, turn.user.id, message, code)
+            )
+        )
+        self._emit(Error(message, code))
+        self._end(turn)
