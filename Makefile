@@ -20,9 +20,13 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -e .[test]
 	@touch $@
 
+# the npm MCP server the tests run (tests/mcp/package-lock.json); needs node and npm
+tests/mcp/node_modules/.package-lock.json: tests/mcp/package.json tests/mcp/package-lock.json
+	npm ci --prefix tests/mcp --no-audit --no-fund
+
 install: $(VENV)/.installed        ## create .venv with agentik and every backend
 
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve

@@ -1,0 +1,126 @@
+"""MCP tools: every tool of the MCP servers in ``mcp.json``, as ``server__tool``.
+
+Hooks only: ``mcp`` is imported when the service starts, and only when there is a config
+(``AGENTIK_MCP_CONFIG``, or ``./mcp.json`` when that file exists). The servers start in
+parallel before requests are served; one that fails is logged, shown in the banner and
+skipped. See ``docs/mcp.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from agentik.core import settings as cfg
+from agentik.core.settings import Setting, Settings
+from agentik.hookspecs import hookimpl
+
+DEFAULT_CONFIG = Path("mcp.json")
+
+
+def parse_config(raw: str) -> Path | bool:
+    """A path, or ``off`` (also ``none``, ``0``, ``false``, ``no``): no MCP servers at all."""
+    if raw.strip().lower() in ("off", "none", "0", "false", "no"):
+        return False
+    return cfg.parse_path(raw)
+
+
+SETTINGS = (
+    Setting(
+        "AGENTIK_MCP_CONFIG",
+        None,
+        parse_config,
+        "Claude-Desktop-format mcp.json with the MCP servers whose tools the agent gets "
+        "(default: ./mcp.json if it exists; `off` for none).",
+    ),
+    Setting(
+        "AGENTIK_MCP_START_TIMEOUT",
+        30.0,
+        cfg.parse_positive_float,
+        "Seconds an MCP server may take to start and list its tools before it is skipped.",
+    ),
+    Setting(
+        "AGENTIK_MCP_CALL_TIMEOUT",
+        60.0,
+        cfg.parse_positive_float,
+        "Seconds an MCP tool call may take before the model gets an error result "
+        "(AGENTIK_TOOL_TIMEOUT still caps every tool call).",
+    ),
+)
+
+#: the running MCP tools of each agent (for the banner); an app may be built more than once
+_running: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+@hookimpl
+def register_settings(register: Callable[[Setting], None]) -> None:
+    for setting in SETTINGS:
+        register(setting)
+
+
+def config_path(settings: Settings) -> Path | None:
+    """The config to read: the setting, else ``./mcp.json`` if it exists, else none."""
+    value = settings["AGENTIK_MCP_CONFIG"]
+    if value is None:
+        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    return value or None
+
+
+@hookimpl
+def register_services(register: Callable[..., None], agent: Any, settings: Settings) -> None:
+    path = config_path(settings)
+    if path is not None:
+        register("mcp", lambda: mcp_service(agent, settings, path))
+
+
+@contextlib.asynccontextmanager
+async def mcp_service(agent: Any, settings: Settings, path: Path) -> AsyncIterator[Any]:
+    """Start the servers, add their tools to the agent; close them all at shutdown."""
+    try:
+        from agentik_tools_mcp.servers import MCPTools
+    except ImportError as e:
+        raise RuntimeError(
+            f"AGENTIK_MCP_CONFIG={str(path)!r} needs the mcp package: "
+            f"pip install 'agentik[mcp]' ({e})"
+        ) from e
+    from agentik_tools_mcp.config import ConfigError
+
+    quiet_libraries()
+
+    try:
+        # ${VAR} in mcp.json expands from the process environment, like Claude Desktop does
+        tools = MCPTools.from_file(
+            path,
+            os.environ,
+            start_timeout=settings["AGENTIK_MCP_START_TIMEOUT"],
+            call_timeout=settings["AGENTIK_MCP_CALL_TIMEOUT"],
+        )
+    except ConfigError as e:
+        raise RuntimeError(f"AGENTIK_MCP_CONFIG: {e}") from e
+    try:
+        for t in await tools.start(taken=agent.tools.names()):
+            agent.tools.add(t)
+        _running[agent] = tools
+        yield tools
+    finally:
+        _running.pop(agent, None)
+        await tools.aclose()
+
+
+def quiet_libraries() -> None:
+    """httpx2 logs every HTTP request at INFO, the SDK each session id: keep that for debug."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ("httpx2", "mcp"):
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@hookimpl
+def banner_lines(agent: Any) -> list[str] | None:
+    tools = _running.get(agent)
+    return tools.banner() if tools is not None else None
