@@ -156,5 +156,15 @@ def after_turn(
 
 
 @hookspec
+def plugin_details(settings: Settings) -> dict[str, Any] | Awaitable[dict[str, Any]] | None:
+    """What ``agentik plugins`` shows about this plugin's state beyond its hooks and settings.
+
+    Return a JSON-able dict (or an awaitable of one), e.g. each MCP server of ``mcp.json``, whether
+    it starts and its tools. It runs in the ``plugins`` command, without a server: start and
+    stop what you need to find out, within about 60 s.
+    """
+
+
+@hookspec
 def banner_lines(agent: ChatAgent, settings: Settings) -> list[str] | None:
     """Lines for the start-up banner (``mcp: 4 tools from 2 servers``), printed by ``serve``."""

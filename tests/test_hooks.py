@@ -271,3 +271,28 @@ async def test_hook_register_services(aiohttp_client):
 
     with pytest.raises(StartupError, match="service 'broken' failed to start: no such server"):
         await TestServer(make_app(plugins=[("b", Broken())])).start_server()
+
+
+async def test_hook_plugin_details():
+    from agentik.core.app import load_settings
+    from agentik.core.cli import plugin_details
+
+    class P:
+        @hookimpl
+        def plugin_details(self, settings):
+            async def probe():
+                return {"servers": {"time": {"state": "ok", "port": settings["AGENTIK_PORT"]}}}
+
+            return probe()
+
+    class Broken:
+        @hookimpl
+        def plugin_details(self):
+            raise RuntimeError("cannot tell")
+
+    plugins = test_plugins([("p", P()), ("b", Broken())], builtins=[])
+    details = await plugin_details(plugins, load_settings(plugins, {}))
+    assert details == {
+        "p": {"servers": {"time": {"state": "ok", "port": 8080}}},
+        "b": {"error": "RuntimeError: cannot tell"},
+    }

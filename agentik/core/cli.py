@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from agentik.core.settings import Settings
 
 log = logging.getLogger("agentik")
+DETAILS_TIMEOUT = 60.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,7 +179,7 @@ def plugins_command(as_json: bool) -> int:
     from agentik.core.app import declared_settings, registries
     from agentik.core.plugins import make_plugins
     from agentik.core.registry import BackendError
-    from agentik.core.settings import SettingsError
+    from agentik.core.settings import Settings, SettingsError
 
     plugins = make_plugins()
     try:
@@ -186,13 +188,12 @@ def plugins_command(as_json: bool) -> int:
         return fail(str(e))
     declared = declared_settings(plugins)
     try:
-        from agentik.core.settings import Settings
-
         settings: dict[str, Any] = dict(Settings(declared))
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
     selected = {"llm": settings.get("AGENTIK_LLM_BACKEND")}
+    details = {} if invalid else asyncio.run(plugin_details(plugins, Settings(declared)))
     report: list[dict[str, Any]] = []
     for info in plugins.infos.values():
         backends = [
@@ -228,6 +229,7 @@ def plugins_command(as_json: bool) -> int:
                     for s in declared
                     if s.plugin == info.name
                 ],
+                "details": details.get(info.name),
             }
         )
     if as_json:
@@ -251,9 +253,27 @@ def plugins_command(as_json: bool) -> int:
                 f"  {s['name']}={s['value'] if s['value'] is not None else ''}"
                 f"  (default: {s['default'] or '—'}) {s['help']}"
             )
+        for key, value in (p["details"] or {}).items():
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            print(f"  {key}: {shown}")
     if invalid:
         print(f"invalid settings: {invalid}")
     return 0
+
+
+async def plugin_details(plugins: Plugins, settings: Settings) -> dict[str, Any]:
+    """Each plugin's ``plugin_details``, by plugin name; a failure is reported, not raised."""
+    out: dict[str, Any] = {}
+    for impl in plugins.hook.plugin_details.get_hookimpls():
+        try:
+            result = impl.function(*[{"settings": settings}[a] for a in impl.argnames])
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, DETAILS_TIMEOUT)
+        except Exception as e:
+            result = {"error": f"{type(e).__name__}: {e}"}
+        if result is not None:
+            out[impl.plugin_name] = result
+    return out
 
 
 def _show(value: Any) -> Any:
