@@ -3,9 +3,11 @@
 Part 1: how many streams at 50 tok/s one server process carries with inter-token p99 < 100 ms,
 agentik vs the minimal relay (bench/floors/relay.py). Step the number of streams (doubling, then
 one bisection), each step: ramp 1 s, measure 3 s; a step passes when the p99 of the inter-token
-gaps in the window is < 100 ms and ≥ 90% of the expected tokens arrived. The load client and the
-fake LLM share the machine's 2 CPUs with the server, so the step where the *machine* runs out is
-also reported, with the server's CPU use and a per-core projection (streams / server CPU).
+gaps in the window is < 100 ms and ≥ 90% of the expected tokens arrived (a step of the doubling
+that fails is tried once more before the search stops). The load client and the fake LLM share
+the machine's 2 CPUs with the server, so the step where the *machine* runs out is also reported,
+with the server's CPU use and a per-core projection (streams / server CPU). The same search runs
+against a second agentik with ``AGENTIK_SSE_COALESCE_MS=20``.
 
 Part 2: 20 simultaneous 200-chunk, 600-character turns (each a new conversation: create + SSE +
 POST -> End) vs the openai client making 20 simultaneous streaming calls to the fake directly
@@ -25,6 +27,7 @@ from upstream import stream_deltas
 
 STEPS = [25, 50, 100, 200, 400, 800, 1600]
 WINDOW = 3.0
+COALESCE_MS = 20
 
 
 async def step(kind: str, proc: common.Proc, session: Any, n: int) -> dict[str, Any]:
@@ -64,6 +67,9 @@ async def find_max(kind: str, proc: common.Proc, session: Any, quick: bool) -> d
     for n in STEPS[: 4 if quick else len(STEPS)]:
         r = await step(kind, proc, session, n)
         steps.append(r)
+        if not r["ok"]:  # once more: on this shared VM one noisy window can fail a step
+            r = await step(kind, proc, session, n)
+            steps.append(r)
         if not r["ok"]:
             fail = r
             break
@@ -127,6 +133,7 @@ async def main(args: Any) -> dict[str, Any]:
     fake = common.start_fake()
     agentik = common.start_agentik(fake.port)
     relay = common.start_floor("relay.py", "--upstream", f"http://{common.HOST}:{fake.port}/v1")
+    coalescing: common.Proc | None = None
     up = f"http://{common.HOST}:{fake.port}/v1"
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -135,12 +142,20 @@ async def main(args: Any) -> dict[str, Any]:
         async with common.session() as s:
             ra = await find_max("agentik", agentik, s, args.quick)
             rf = await find_max("relay", relay, s, args.quick)
-            raw["agentik"], raw["relay"] = ra, rf
-            for name, r in (("agentik", ra), ("minimal relay", rf)):
+            coalescing = common.start_agentik(fake.port, AGENTIK_SSE_COALESCE_MS=str(COALESCE_MS))
+            rc = await find_max("agentik", coalescing, s, args.quick)
+            common.stop_all(coalescing)
+            coalescing = None
+            raw["agentik"], raw["relay"], raw["agentik_coalesced"] = ra, rf, rc
+            for name, r in (
+                ("agentik", ra),
+                ("minimal relay", rf),
+                (f"agentik, {COALESCE_MS} ms coalescing", rc),
+            ):
                 notes.append(
                     f"{name}: best {describe(r['best'])}; first failing {describe(r['fail'])}"
                 )
-            ba, bf = ra["best"], rf["best"]
+            ba, bf, bc = ra["best"], rf["best"], rc["best"]
 
             def proj(r: dict[str, Any] | None) -> float | None:
                 return r["n"] / r["util"] if r and r["util"] > 0 else None
@@ -163,9 +178,31 @@ async def main(args: Any) -> dict[str, Any]:
                     pa,
                     pf,
                     unit="streams",
-                    target="≥ 1,000 (≥ 2,000 with coalescing)",
+                    target="≥ 1,000",
                     met=bool(pa and pa >= 1000),
                     note="linear extrapolation: assumes the server alone on a core",
+                )
+            )
+            rows.append(
+                row(
+                    f"with {COALESCE_MS} ms coalescing: max streams, this machine (floor: "
+                    "relay without coalescing)",
+                    bc["n"] if bc else 0,
+                    bf["n"] if bf else None,
+                    unit="streams",
+                    target="(info; machine-bound)",
+                )
+            )
+            pc = proj(bc)
+            rows.append(
+                row(
+                    f"with {COALESCE_MS} ms coalescing: projected streams per server core",
+                    pc,
+                    pf,
+                    unit="streams",
+                    target="≥ 2,000 with coalescing",
+                    met=bool(pc and pc >= 2000),
+                    note="linear extrapolation, as above",
                 )
             )
             # part 2: 20 simultaneous 200-chunk turns
@@ -205,9 +242,9 @@ async def main(args: Any) -> dict[str, Any]:
                 )
             )
     finally:
-        common.stop_all(agentik, relay, fake)
+        common.stop_all(agentik, relay, coalescing, fake)
     notes.append(
-        f"steps {STEPS}, doubling until a step fails, then one bisection; window "
+        f"steps {STEPS}, doubling until a step fails twice, then one bisection; window "
         f"{WINDOW:g} s after a 1 s ramp; part 2: alternating repeats"
     )
     return {

@@ -8,7 +8,10 @@ one run); the 10k figure is extrapolated per stream: RSS at rest + 10,000 x KiB 
 
 Part 2, broadcast: K subscribers of one conversation, one turn of T tokens; server CPU per
 delivered frame = (CPU with K subscribers - CPU with 1) / ((K - 1) x T), so the LLM read is not
-counted. Floor: bare_app's /broadcast writes T frames to K bare StreamResponses, same slope.
+counted. Floor: bare_app's /broadcast writes T frames to K bare StreamResponses, one write per
+frame and stream, same slope. Two paces: tokens 2 ms apart (each frame its own write in agentik
+too: the target row), and as fast as the fake sends (agentik writes what piled up for a
+subscriber in one write, so a burst costs it far less per frame than the floor).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from common import CpuMeter, RawSSE, TurnClient, row, spec_text, stats
 
 N = 2000
 K, T = 100, 200
+PACE = 0.002  # s between tokens in the paced broadcast
 
 
 async def open_many(port: int, paths: list[str]) -> list[RawSSE]:
@@ -85,13 +89,13 @@ async def memory_round(fake_port: int, s: Any, n: int) -> dict[str, float]:
     return out
 
 
-async def agentik_broadcast(c: TurnClient, pid: int, k: int) -> int:
+async def agentik_broadcast(c: TurnClient, pid: int, k: int, pace: float = 0.0) -> int:
     cid = await c.new_conversation()
     subs = await asyncio.gather(*(c.open_events(cid) for _ in range(k)))
     try:
         with CpuMeter(pid) as m:
             reads = [asyncio.ensure_future(x.read_turn()) for x in subs]
-            await c.post(cid, spec_text(T))
+            await c.post(cid, spec_text(T, delay=pace))
             got = await asyncio.wait_for(asyncio.gather(*reads), 60)
     finally:
         for x in subs:
@@ -100,13 +104,14 @@ async def agentik_broadcast(c: TurnClient, pid: int, k: int) -> int:
     return m.ns
 
 
-async def bare_broadcast(s: Any, port: int, pid: int, k: int) -> int:
+async def bare_broadcast(s: Any, port: int, pid: int, k: int, pace: float = 0.0) -> int:
     subs = await open_many(port, ["/stream"] * k)
     await asyncio.sleep(0.05)
     try:
         with CpuMeter(pid) as m:
             reads = [asyncio.ensure_future(x.read_turn()) for x in subs]
-            async with s.post(f"http://{common.HOST}:{port}/broadcast?n={T}") as r:
+            url = f"http://{common.HOST}:{port}/broadcast?n={T}&delay={pace}"
+            async with s.post(url) as r:
                 assert (await r.json())["streams"] == k
             got = await asyncio.wait_for(asyncio.gather(*reads), 60)
     finally:
@@ -186,29 +191,36 @@ async def main(args: Any) -> dict[str, Any]:
                 c = TurnClient(ag.port, s)
                 await agentik_broadcast(c, ag.pid, 10)
                 await bare_broadcast(s, bare.port, bare.pid, 10)
-                pa: list[float] = []
-                pf: list[float] = []
-                for _ in range(common.repeats(args, 5, 2)):
-                    big = await agentik_broadcast(c, ag.pid, K)
-                    one = await agentik_broadcast(c, ag.pid, 1)
-                    pa.append((big - one) / ((K - 1) * T) / 1e3)
-                    big = await bare_broadcast(s, bare.port, bare.pid, K)
-                    one = await bare_broadcast(s, bare.port, bare.pid, 1)
-                    pf.append((big - one) / ((K - 1) * T) / 1e3)
+                per: dict[float, dict[str, list[float]]] = {}
+                for pace in (PACE, 0.0):
+                    pa: list[float] = []
+                    pf: list[float] = []
+                    for _ in range(common.repeats(args, 5, 2)):
+                        big = await agentik_broadcast(c, ag.pid, K, pace)
+                        one = await agentik_broadcast(c, ag.pid, 1, pace)
+                        pa.append((big - one) / ((K - 1) * T) / 1e3)
+                        big = await bare_broadcast(s, bare.port, bare.pid, K, pace)
+                        one = await bare_broadcast(s, bare.port, bare.pid, 1, pace)
+                        pf.append((big - one) / ((K - 1) * T) / 1e3)
+                    per[pace] = {"agentik": pa, "bare": pf}
             finally:
                 common.stop_all(ag, bare)
-            sa, sf = stats(pa), stats(pf)
-            raw["broadcast"] = {"agentik": sa, "bare": sf}
-            rows.append(
-                row(
-                    f"server CPU per delivered frame, {K} subscribers x {T} tokens",
-                    sa,
-                    sf,
-                    unit="µs",
-                    target="≤ 1.5x",
-                    met=sa["median"] / sf["median"] <= 1.5,
+            for pace, label, target in (
+                (PACE, f"tokens {PACE * 1e3:g} ms apart", "≤ 1.5x"),
+                (0.0, "a burst (the fake's full speed)", "(info)"),
+            ):
+                sa, sf = stats(per[pace]["agentik"]), stats(per[pace]["bare"])
+                raw[f"broadcast_{pace}"] = {"agentik": sa, "bare": sf}
+                rows.append(
+                    row(
+                        f"server CPU per delivered frame, {K} subscribers x {T} tokens, {label}",
+                        sa,
+                        sf,
+                        unit="µs",
+                        target=target,
+                        met=sa["median"] / sf["median"] <= 1.5 if pace else None,
+                    )
                 )
-            )
             rows.append(
                 row(
                     "heartbeat tasks for N idle streams",

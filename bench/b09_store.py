@@ -1,5 +1,6 @@
 """B9: a durable append and a read of the last 20 messages through agentik's store
-(``SqliteStore`` on its ``Database`` thread) vs raw sqlite3 in the calling thread.
+(``SqliteStore`` on its ``Database``, which runs SQLite on the event loop and only the fsync of a
+durable write on a thread) vs raw sqlite3 in the calling thread.
 
 Same schema (bench/floors/schema.py is agentik's DDL), same pragmas (WAL, synchronous=NORMAL),
 same row (a user message, JSON payload, ISO timestamp), one transaction per append. The read
@@ -192,7 +193,8 @@ async def main(args: Any) -> dict[str, Any]:
 
     rows = [
         row(
-            "durable append (fsynced: synchronous=FULL for the commit, as send() does), CPU",
+            "durable append (agentik: commit + WAL fsync on a thread, as send() does; raw: "
+            "synchronous=FULL commit), CPU",
             st["dur_cpu"],
             st["rdur_cpu"],
             unit="µs",

@@ -287,14 +287,10 @@ def start_fake() -> Proc:
     return p
 
 
-#: Work-around, see docs/PERFORMANCE.md: with the default of 256, a server that has seen more than
-#: 256 conversations whose SSE clients left in the last heartbeat interval answers 500 to every
-#: new conversation (agent.py evict_idle evicts the conversation it was just given).
-LIVE_CONVERSATIONS = "1000000"
-
-
 def agentik_env(fake_port: int, port: int, db: str | None = None, **extra: str) -> dict[str, str]:
-    extra.setdefault("AGENTIK_LIVE_CONVERSATIONS", LIVE_CONVERSATIONS)
+    """The environment of a benchmarked ``agentik serve``: agentik's defaults, the fake LLM as
+    the openai backend's endpoint, no retries; ``extra`` adds settings (e.g.
+    ``AGENTIK_SSE_COALESCE_MS="20"``)."""
     return clean_env(
         OPENAI_BASE_URL=f"http://{HOST}:{fake_port}/v1",
         OPENAI_API_KEY="sk-bench",

@@ -53,7 +53,14 @@ async def main(port: int, out_path: Path, slow: float | None = None) -> None:
         loop.set_debug(True)
         loop.slow_callback_duration = slow
     app = create_app()  # plugins and settings from the environment, like `agentik serve`
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2)
+    # as agentik/core/cli.py runs it (handler_cancellation: a departed SSE client's handler ends)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=2,
+        handler_cancellation=True,
+    )
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     lag: list[tuple[float, float]] = []

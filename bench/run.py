@@ -1,6 +1,6 @@
 """Run the benchmark suite (docs/PERFORMANCE.md says how to read it).
 
-    python bench/run.py                 # everything (~10 min on 2 CPUs)
+    python bench/run.py                 # everything (~5 min on 2 CPUs)
     python bench/run.py --only B4,B9    # some
     python bench/run.py --quick         # fewer repeats: a smoke test of the harness
 

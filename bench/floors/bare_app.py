@@ -33,9 +33,13 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
 
 async def broadcast(request: web.Request) -> web.Response:
-    """Write ``n`` AppendText frames and an End frame to every open stream (one task)."""
+    """Write ``n`` AppendText frames and an End frame to every open stream (one task), one
+    write per frame and stream; with ``delay`` (s), that long before each frame."""
     n = int(request.query.get("n", "1"))
+    delay = float(request.query.get("delay", "0"))
     for i in range(n + 1):
+        if delay:
+            await asyncio.sleep(delay)
         seq = i + 1
         kind = "End" if i == n else "AppendText"
         payload = {"type": kind} if kind == "End" else {"type": kind, "text": "tok"}
@@ -55,7 +59,9 @@ async def main(host: str, port: int) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/stream", stream)
     app.router.add_post("/broadcast", broadcast)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1)
+    runner = web.AppRunner(  # as `agentik serve` runs its app
+        app, handle_signals=False, access_log=None, shutdown_timeout=1, handler_cancellation=True
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     stop = asyncio.Event()

@@ -1,19 +1,23 @@
 """Floor for B3/B10: a hand-written in-process chat turn, no framework.
 
-A turn: record the user message (and touch the conversation), record its working-memory row,
-stream the fake model's reply into an event buffer, record the assistant message with its
-working-memory row. That is exactly the rows and transactions (3 commits; the user message's
-fsynced, synchronous=FULL, as agentik does) agentik writes per turn; same schema, pragmas. Variants:
+A turn: record the user message (and touch the conversation) durably, stream the fake model's
+reply into an event buffer, then record the user's working-memory row, the assistant message and
+its working-memory row in one transaction. That is exactly the rows and transactions agentik
+writes for a plain turn (2 commits, the first one fsynced); same schema, pragmas. sqlite3 is
+called on the event loop. Variants:
 
-* ``fair``      sqlite3 called on the event loop (the cheapest correct hand-written loop)
-* ``fair_thread`` the same SQL, each transaction on one dedicated DB thread (agentik's design)
-* ``nopersist`` no database at all: model stream -> events -> joined reply
+* ``fair``         the durable commit is synchronous=FULL (SQLite fsyncs the WAL inline): the
+                   cheapest correct hand-written loop, THE floor of B3 and B10
+* ``fsync_thread`` the durable commit is a synchronous=NORMAL commit, then an fsync of the WAL
+                   file on a one-thread pool, awaited (what ``agentik/core/db.py`` does)
+* ``nopersist``    no database at all: model stream -> events -> joined reply
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -45,9 +49,10 @@ async def fake_model(text: str) -> AsyncIterator[Any]:
 
 
 class Loop:
-    def __init__(self, db_path: str | None, threaded: bool = False) -> None:
+    def __init__(self, db_path: str | None, fsync_thread: bool = False) -> None:
+        self.path = db_path
         self.db = connect(db_path) if db_path else None
-        self.pool = ThreadPoolExecutor(1) if threaded else None
+        self.pool = ThreadPoolExecutor(1) if fsync_thread else None
         self.events: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=1024)
         self.seq = 0
 
@@ -56,16 +61,24 @@ class Loop:
         self.events.append((self.seq, kind, payload))
 
     async def tx(self, fn: Callable[[], None], durable: bool = False) -> None:
-        def run() -> None:
-            assert self.db is not None
+        assert self.db is not None
+        if self.pool is None:
             begin(self.db, durable)
             fn()
             commit(self.db, durable)
+            return
+        begin(self.db)
+        fn()
+        commit(self.db)
+        if durable:
+            await asyncio.get_running_loop().run_in_executor(self.pool, self._sync_wal)
 
-        if self.pool is None:
-            run()
-        else:
-            await asyncio.get_running_loop().run_in_executor(self.pool, run)
+    def _sync_wal(self) -> None:
+        fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     async def new_conversation(self) -> str:
         cid, ts = f"conv-{uuid.uuid4().hex}", now()
@@ -89,14 +102,7 @@ class Loop:
                 db.execute(INSERT_MESSAGE, (mid, cid, "user", mid, ts, payload))
                 db.execute("UPDATE conversation SET updated_at = ? WHERE id = ?", (ts, cid))
 
-            def memory_user() -> None:
-                idx = db.execute(NEXT_IDX, (cid,)).fetchone()[0]
-                db.execute(
-                    INSERT_MEMORY, (cid, idx, mid, "user", json.dumps({"text": text}), now())
-                )
-
             await self.tx(user, durable=True)
-            await self.tx(memory_user)
         out: list[str] = []
         usage: Any = None
         started = False
@@ -121,8 +127,10 @@ class Loop:
                 aid = f"as-{uuid.uuid4().hex}"
                 db.execute(INSERT_MESSAGE, (aid, cid, "assistant", mid, ts2, body))
                 idx = db.execute(NEXT_IDX, (cid,)).fetchone()[0]
+                db.execute(INSERT_MEMORY, (cid, idx, mid, "user", json.dumps({"text": text}), ts2))
                 db.execute(
-                    INSERT_MEMORY, (cid, idx, mid, "assistant", json.dumps({"text": reply}), ts2)
+                    INSERT_MEMORY,
+                    (cid, idx + 1, mid, "assistant", json.dumps({"text": reply}), ts2),
                 )
 
             await self.tx(assistant)
@@ -143,7 +151,7 @@ async def demo() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name, loop in (
             ("fair", Loop(f"{d}/a.db")),
-            ("fair_thread", Loop(f"{d}/b.db", threaded=True)),
+            ("fsync_thread", Loop(f"{d}/b.db", fsync_thread=True)),
             ("nopersist", Loop(None)),
         ):
             cid = await loop.new_conversation()

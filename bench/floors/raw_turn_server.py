@@ -3,11 +3,13 @@
 Same HTTP flow and the same rows as agentik (so the client is identical for both):
 ``POST /agentik/conversations`` inserts the conversation (201); ``GET …/{id}/events`` is an SSE
 StreamResponse fed by a per-subscriber queue; ``POST …/{id}/messages`` inserts the user message
-and its working-memory row with sqlite3 in one transaction, fsynced like agentik's (the 202 is
-durable: synchronous=FULL for that commit), then a task streams from the fake LLM with aiohttp +
-``json.loads``, writes one SSE frame per delta and inserts the reply with its working-memory row
-in a second transaction. Same schema and pragmas (WAL, synchronous=NORMAL). sqlite3 runs on the
-event loop. The chat's LLM context is kept in memory and sent with every request, like agentik.
+(and touches the conversation) with sqlite3 in one transaction, durable before the 202 as
+agentik's is (synchronous=FULL for that commit: SQLite fsyncs the WAL inline; agentik commits
+and then fsyncs the WAL on a thread), then a task streams from the fake LLM with aiohttp +
+``json.loads``, writes one SSE frame per delta and inserts the user's working-memory row, the
+reply and the reply's working-memory row in a second transaction, as agentik's plain turn does.
+Same schema and pragmas (WAL, synchronous=NORMAL). sqlite3 runs on the event loop. The chat's LLM
+context is kept in memory and sent with every request, like agentik.
 """
 
 from __future__ import annotations
@@ -98,8 +100,6 @@ class Floor:
             INSERT_MESSAGE, (mid, cid, "user", mid, ts, json.dumps(payload, ensure_ascii=False))
         )
         db.execute("UPDATE conversation SET updated_at = ? WHERE id = ?", (ts, cid))
-        idx = db.execute(NEXT_IDX, (cid,)).fetchone()[0]
-        db.execute(INSERT_MEMORY, (cid, idx, mid, "user", json.dumps({"text": text}), ts))
         commit(db, durable=True)
         task = asyncio.create_task(self.turn(cid, mid, text))
         self.tasks.add(task)
@@ -121,6 +121,8 @@ class Floor:
         payload = {"text": reply, "tokens": {"input": None, "output": None}}
         db = self.db
         db.execute("BEGIN")
+        idx = db.execute(NEXT_IDX, (cid,)).fetchone()[0]
+        db.execute(INSERT_MEMORY, (cid, idx, turn_id, "user", json.dumps({"text": text}), ts))
         db.execute(
             INSERT_MESSAGE,
             (
@@ -132,8 +134,9 @@ class Floor:
                 json.dumps(payload, ensure_ascii=False),
             ),
         )
-        idx = db.execute(NEXT_IDX, (cid,)).fetchone()[0]
-        db.execute(INSERT_MEMORY, (cid, idx, turn_id, "assistant", json.dumps({"text": reply}), ts))
+        db.execute(
+            INSERT_MEMORY, (cid, idx + 1, turn_id, "assistant", json.dumps({"text": reply}), ts)
+        )
         db.execute("COMMIT")
         self.publish(cid, "End", {"type": "End"})
 
@@ -146,7 +149,9 @@ async def main(host: str, port: int, upstream: str, db_path: str) -> None:
     app.router.add_post("/agentik/conversations", floor.create)
     app.router.add_get("/agentik/conversations/{id}/events", floor.events)
     app.router.add_post("/agentik/conversations/{id}/messages", floor.message)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1)
+    runner = web.AppRunner(  # as `agentik serve` runs its app
+        app, handle_signals=False, access_log=None, shutdown_timeout=1, handler_cancellation=True
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     stop = asyncio.Event()
