@@ -79,7 +79,10 @@ class EventLog:
             # evicted from the buffer, or an id of an earlier log (before a restart or an
             # eviction): say what was lost, then replay all we hold
             return [StreamItem(first - 1, Gap(cursor)), *self._items]
-        return list(islice(self._items, cursor + 1 - first, None))
+        # the new items are at the right end: walk from there, not across the whole buffer
+        newest = list(islice(reversed(self._items), self._seq - cursor))
+        newest.reverse()
+        return newest
 
     async def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """Yield events published after ``after`` (None: from now on) until the log closes."""

@@ -26,8 +26,8 @@ def register_settings(register: Callable[[Setting], None]) -> None:
             "AGENTIK_SSE_COALESCE_MS",
             0.0,
             parse_non_negative_float,
-            "Milliseconds an SSE stream waits to send more events in one write: less CPU per "
-            "token under load, that much more latency.",
+            "Milliseconds an SSE stream waits after news to send more events in one write "
+            "(fewer writes when many deltas arrive within it; that much more latency).",
         )
     )
 

@@ -1,8 +1,9 @@
 """Server-sent events on a bare ``StreamResponse`` with one shared heartbeat.
 
-aiohttp-sse starts a ping task per stream; with thousands of idle streams one heartbeat task for
-all of them is lighter (see docs/PERFORMANCE.md). Each event is encoded once and the bytes are
-shared by every reader (``StreamItem.memo``).
+Not aiohttp-sse (which the design names): it starts a ping task per stream and sends one event
+per write, where thousands of idle streams want one heartbeat task for all of them and a busy
+stream wants all pending events in one write (B8, B5 in docs/PERFORMANCE.md). Each event is
+encoded once and the bytes are shared by every reader (``StreamItem.memo``).
 """
 
 from __future__ import annotations
