@@ -220,7 +220,7 @@ def plugins_command(as_json: bool) -> int:
                 "settings": [
                     {
                         "name": s.name,
-                        "default": None if s.default is None else str(s.default),
+                        "default": _show(s.default),
                         "value": "***"
                         if s.secret and settings.get(s.name)
                         else _show(settings.get(s.name)),
@@ -276,9 +276,12 @@ async def plugin_details(plugins: Plugins, settings: Settings) -> dict[str, Any]
     return out
 
 
-def _show(value: Any) -> Any:
+def _show(value: Any) -> str | None:
+    """A setting's value as it would be written in the environment (None: unset)."""
+    if isinstance(value, bool):
+        return str(int(value))
     if isinstance(value, tuple):
-        return ",".join(value)
+        return ",".join(value) or None
     return None if value is None else str(value)
 
 
@@ -289,7 +292,7 @@ def settings_table() -> str:
 
     rows = ["| Variable | Default | Plugin | Meaning |", "|---|---|---|---|"]
     for s in declared_settings(make_plugins(env={})):
-        shown = str(int(s.default)) if isinstance(s.default, bool) else _show(s.default)
-        default = "—" if s.default is None or shown == "" else f"`{shown}`"
+        shown = _show(s.default)
+        default = "—" if shown is None else f"`{shown}`"
         rows.append(f"| `{s.name}` | {default} | {s.plugin} | {s.help} |")
     return "\n".join(rows)
