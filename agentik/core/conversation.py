@@ -282,10 +282,9 @@ class ChatConversation:
     ) -> None:
         if turn is not None and turn.memory:
             memory, turn.memory = [*turn.memory, *memory], []
-        # shielded: an interrupt must not cancel a write half-way through the queue
-        await asyncio.shield(
-            self._store.append(self.id, messages, memory, turn_id=turn.user.id if turn else None)
-        )
+        # not shielded here: a Store completes a write it started even if the turn is
+        # interrupted (see Store.append); a shield per write was a third of a tool hop (B13)
+        await self._store.append(self.id, messages, memory, turn_id=turn.user.id if turn else None)
 
     async def _live_llm(self) -> LLMConversation:
         if self._llm is None:
@@ -472,10 +471,8 @@ class ChatConversation:
         """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
         self._finishing = True
         await self._reset_llm()
-        await asyncio.shield(
-            self._store.fail_turn(
-                self.id, turn.user.id, error_record(self.id, turn.user.id, message, code)
-            )
+        await self._store.fail_turn(
+            self.id, turn.user.id, error_record(self.id, turn.user.id, message, code)
         )
         self._emit(Error(message, code))
         self._end(turn)

@@ -120,7 +120,11 @@ class Store(abc.ABC):
 
         ``turn_id`` (the id of the user message that started the turn) is kept on both, so a
         turn's records can be found and its working memory rolled back. ``durable``: the
-        write must survive a power loss once this returns (an acknowledged user message)."""
+        write must survive a power loss once this returns (an acknowledged user message).
+
+        Turns call this and may be interrupted (cancelled) while they await it: a write that
+        started must complete anyway. SQLite's writes never suspend; an implementation that
+        awaits I/O shields its write (``asyncio.shield``)."""
 
     @abc.abstractmethod
     async def list_messages(
