@@ -6,6 +6,7 @@ and npm ``@modelcontextprotocol/server-everything`` over stdio and streamable HT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from agentik.core.tools import ToolError, ToolRegistry
 from agentik.core.types import TextPart
 from agentik_tools_mcp.config import ConfigError, ServerConfig, load, parse_entry
 from agentik_tools_mcp.names import exposed_name
-from tests.conftest import ROOT, collect_turn, free_port, read_sse, script_fake
+from tests.conftest import BIN, ROOT, collect_turn, free_port, read_sse, script_fake
 
 EVERYTHING = ROOT / "tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 # skipped only by hand: in CI (CI=true, as .ci/run runs) a missing npm install must fail
@@ -513,6 +514,107 @@ async def test_a_broken_config_file_stops_start_up(tmp_path):
     with pytest.raises(StartupError, match=r"AGENTIK_MCP_CONFIG: .*not valid JSON"):
         await server.start_server()
     await server.close()
+
+
+# --- agentik plugins: each server, its state and its tools ------------------------------------
+
+
+async def test_plugin_details_start_report_and_close_every_server(tmp_path):
+    import agentik_tools_mcp
+    from agentik.core.app import load_settings
+    from agentik.core.cli import plugin_details
+    from agentik.core.testing import test_plugins
+
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "time": {"command": sys.executable, "args": ["-m", "mcp_server_time"]},
+                    "ghost": {"command": str(tmp_path / "no-such-server")},
+                    "quits": {"command": sys.executable, "args": ["-c", "raise SystemExit(3)"]},
+                    "broken": {"command": 42},
+                }
+            }
+        )
+    )
+    plugins = test_plugins([("agentik_tools_mcp", agentik_tools_mcp)], builtins=[])
+    before = set(children())
+    settings = load_settings(plugins, {"AGENTIK_MCP_CONFIG": str(path)})
+    details = (await plugin_details(plugins, settings))["agentik_tools_mcp"]
+    assert set(children()) <= before  # every server stopped and reaped before it returns
+    assert details == {
+        "config": str(path),
+        "servers": {
+            "time": {
+                "state": "ok",
+                "error": None,
+                "tools": ["time__get_current_time", "time__convert_time"],
+            },
+            "ghost": {
+                "state": "failed",
+                "error": f"command not found: {tmp_path / 'no-such-server'}",
+                "tools": [],
+            },
+            "quits": {
+                "state": "failed",
+                "error": "the server closed the connection (did the command exit? see its stderr)",
+                "tools": [],
+            },
+            "broken": {"state": "skipped", "error": '"command" must be a string', "tools": []},
+        },
+    }
+    # no config, no details (and nothing started); a broken file is reported, not raised
+    assert await plugin_details(plugins, load_settings(plugins, {})) == {}
+    path.write_text("{nope")
+    details = (await plugin_details(plugins, settings))["agentik_tools_mcp"]
+    assert details["config"] == str(path) and "not valid JSON" in details["error"]
+
+
+def test_agentik_plugins_lists_the_servers_and_leaves_no_child(tmp_path):
+    mark = f"agentik-plugins-test-{os.getpid()}-{tmp_path.name}"
+    path = tmp_path / "mcp.json"
+    entries = {
+        "time": {"command": "${PYTHON}", "args": ["-m", "mcp_server_time"]},
+        "quits": {"command": "${PYTHON}", "args": ["-c", "raise SystemExit(3)"]},
+        # a server that never answers is stopped too: stdin closed, then SIGTERM
+        "hangs": {"command": "${PYTHON}", "args": ["-c", "import time; time.sleep(60)"]},
+    }
+    for entry in entries.values():
+        entry["env"] = {"AGENTIK_TEST_MARK": mark}  # finds the children once they are orphans
+    path.write_text(json.dumps({"mcpServers": entries}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
+    env |= {
+        "AGENTIK_MCP_CONFIG": str(path),
+        "AGENTIK_MCP_START_TIMEOUT": "2",
+        "PYTHON": sys.executable,
+    }
+    out = subprocess.run(
+        [str(BIN / "agentik"), "plugins", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
+    details = report["agentik_tools_mcp"]["details"]
+    assert details["config"] == str(path)
+    servers = details["servers"]
+    assert servers["time"]["state"] == "ok" and servers["time"]["error"] is None
+    assert "time__get_current_time" in servers["time"]["tools"]
+    assert servers["quits"] == {
+        "state": "failed",
+        "error": "the server closed the connection (did the command exit? see its stderr)",
+        "tools": [],
+    }
+    assert servers["hangs"] == {"state": "failed", "error": "no answer within 2 s", "tools": []}
+    left = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("AGENTIK_TEST_MARK") == mark:
+                left.append((p.pid, p.status(), " ".join(p.cmdline())))
+    assert not left, f"MCP server processes left behind: {left}"
 
 
 # --- end to end: agentik serve, the fake OpenAI server, real MCP servers ----------------------

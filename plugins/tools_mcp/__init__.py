@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +124,53 @@ def quiet_libraries() -> None:
 def banner_lines(agent: Any) -> list[str] | None:
     tools = _running.get(agent)
     return tools.banner() if tools is not None else None
+
+
+@hookimpl
+def plugin_details(settings: Settings) -> Awaitable[dict[str, Any]] | None:
+    """For ``agentik plugins``: each server of the config, whether it starts, and its tools."""
+    path = config_path(settings)
+    return None if path is None else mcp_details(settings, path)
+
+
+async def mcp_details(settings: Settings, path: Path) -> dict[str, Any]:
+    """Start the servers as the service does, report them, and close them all again.
+
+    ``{"config": path, "servers": {name: {"state": "ok" | "failed" | "skipped", "error": why,
+    "tools": [exposed names]}}}``: ``failed`` did not start, ``skipped`` is a malformed entry.
+    """
+    report: dict[str, Any] = {"config": str(path)}
+    try:
+        from agentik_tools_mcp.servers import MCPTools
+    except ImportError as e:
+        report["error"] = f"needs the mcp package: pip install 'agentik[mcp]' ({e})"
+        return report
+    from agentik_tools_mcp.config import ConfigError
+
+    quiet_libraries()
+    try:
+        tools = MCPTools.from_file(
+            path,
+            os.environ,
+            start_timeout=settings["AGENTIK_MCP_START_TIMEOUT"],
+            call_timeout=settings["AGENTIK_MCP_CALL_TIMEOUT"],
+        )
+    except ConfigError as e:
+        report["error"] = str(e)
+        return report
+    skipped = dict(tools.failed)  # malformed entries, before start() adds the failures
+    try:
+        exposed = iter(await tools.start())
+        servers: dict[str, Any] = {}
+        for server in tools.servers:
+            if server.state == "failed":
+                servers[server.name] = {"state": "failed", "error": server.error, "tools": []}
+            else:  # start() exposes the tools of the servers that started, in their order
+                names = [next(exposed).name for _ in server.tools]
+                servers[server.name] = {"state": "ok", "error": None, "tools": names}
+        for name, why in skipped.items():
+            servers[name] = {"state": "skipped", "error": why, "tools": []}
+        report["servers"] = servers
+        return report
+    finally:
+        await tools.aclose()  # every child stopped and reaped before the command goes on
