@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install install-test serve test lint typecheck unit bench clean
+.PHONY: install install-test serve test lint typecheck unit bench tiny-model clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "agentik needs Python 3.11 or newer (python3)"; exit 1; }
@@ -47,5 +47,14 @@ bench: install-test                ## run the benchmarks (see docs/PERFORMANCE.m
 	$(PIP) install -e .[test,bench]
 	$(BIN)/python bench/run.py
 
+# rebuild tests/models/tiny.litertlm with its heavy toolchain (torch; Python 3.11: the local CPU
+# wheel of torch 2.13.0 is cp311); the tests need only litert-lm-api
+LITERT_BUILD := .venv-litert-build
+tiny-model:                        ## rebuild the tiny LiteRT-LM test model (optional, heavy)
+	python3.11 -m venv $(LITERT_BUILD)
+	$(LITERT_BUILD)/bin/pip install -q torch==2.13.0
+	$(LITERT_BUILD)/bin/pip install -q litert-torch==0.10.0 litert-lm-builder==0.18.1 sentencepiece
+	OMP_NUM_THREADS=1 $(LITERT_BUILD)/bin/python tools/build_tiny_litertlm.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LITERT_BUILD) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
