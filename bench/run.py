@@ -40,6 +40,7 @@ SUITE = {  # id -> (module, timeout s)
     "B13": ("b13_tool_loop.py", 600),
     "B14": ("b14_loop_lag.py", 240),
     "B16": ("b16_trivial_route.py", 240),
+    "B17": ("b17_litert.py", 240),
 }
 
 

@@ -3,8 +3,11 @@
 - One engine per process; one LiteRT-LM conversation per agentik conversation, built from
   working memory on first use and kept (its KV cache) for later turns.
 - ``send_message_async`` is a *synchronous* generator that blocks while the model runs: each
-  step runs it on a worker thread that hands chunks to the event loop through an asyncio
-  queue, so the loop never waits on the model.
+  step runs it on a worker thread (which also creates the native conversation on the first
+  step: no extra thread hop), so the loop never waits on the model. The worker hands chunks
+  over through a deque and wakes the loop only when no wake-up is already due, so a burst of
+  chunks costs one wake-up, not one each (bench B17: the thread hops were most of agentik's
+  overhead per turn on a small model, with the prompt's render+tokenize for the token count).
 - Steps are serialised on one engine thread (one generation at a time, whichever
   conversation): the CPU executor gains nothing from two at once, and the native engine is
   only ever entered from that thread (closes excepted, after the step's worker has ended).
@@ -20,6 +23,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -257,26 +261,41 @@ class LiteRtConversation(LLMConversation):
         backend = self._backend
         loop = asyncio.get_running_loop()
         if self._conv is None:
-            try:
-                self._conv = await loop.run_in_executor(backend.executor, self._create)
-            except Exception as e:
-                self._broken = str(e)
-                raise LLMError(f"LiteRT-LM: {e}", "litert") from e
-            backend.live.add(self)
-        conv = self._conv
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+            backend.live.add(self)  # its close waits for the worker that creates it
+        # the worker hands items over through a deque and wakes the loop only when it is not
+        # already due to wake: a reply's chunks cost one or a few loop wake-ups, not one each
+        pending: collections.deque[Any] = collections.deque()
+        lock = threading.Lock()
+        ready = asyncio.Event()
+        due = False
 
         def put(item: Any) -> None:
+            nonlocal due
+            with lock:
+                pending.append(item)
+                if due:
+                    return
+                due = True
             # a RuntimeError: the loop is gone (shutdown), nobody is listening
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+                loop.call_soon_threadsafe(ready.set)
 
         def generate() -> None:
             try:
+                conv = self._conv
+                if conv is None:  # the first step: create it here, no extra thread hop
+                    try:
+                        conv = self._conv = self._create()
+                    except Exception as e:
+                        put(e)
+                        return
+                    if self._broken:  # cancelled while it was being created
+                        return
                 prompt = self._prompt_tokens(conv, message)
                 for msg in conv.send_message_async(message):
-                    for chunk in message_chunks(msg):
-                        put(chunk)
+                    chunks = message_chunks(msg)
+                    if chunks:
+                        put(chunks)
                 put(self._usage(conv, prompt))
             except BaseException as e:
                 put(e)
@@ -288,19 +307,33 @@ class LiteRtConversation(LLMConversation):
         self._worker = backend.executor.submit(generate)
         try:
             while True:
-                item = await queue.get()
-                if item is _DONE:
-                    self._step_open = False
-                    break
-                if isinstance(item, BaseException):
-                    self._broken = str(item)
-                    raise LLMError(f"LiteRT-LM: {item}", "litert") from item
-                yield item
+                await ready.wait()
+                with lock:
+                    ready.clear()
+                    due = False
+                    items = list(pending)
+                    pending.clear()
+                for item in items:
+                    if item is _DONE:
+                        self._step_open = False
+                        return
+                    if isinstance(item, BaseException):
+                        self._broken = str(item)
+                        if self._conv is None:  # it could not be created: nothing to cancel
+                            self._step_open = False
+                        raise LLMError(f"LiteRT-LM: {item}", "litert") from item
+                    if isinstance(item, list):
+                        for chunk in item:
+                            yield chunk
+                    else:
+                        yield item
         finally:
             if self._step_open:  # cancelled (an interrupt) or closed before its end
                 self._broken = "its reply was cancelled"
                 if not self._worker.cancel():  # not queued any more: stop the running step
-                    conv.cancel_process()
+                    conv = self._conv
+                    if conv is not None:
+                        conv.cancel_process()
 
     def _prompt_tokens(self, conv: Any, message: dict[str, Any]) -> int | None:
         """The context's size once ``message`` is in (as rendered, with the reply's prefix)."""
