@@ -94,6 +94,10 @@ class HistoryItem:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: how backends without a summary role give the model a ``summary`` history item (compaction)
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+
 class LLMConversation(abc.ABC):
     """A live, stateful conversation with the model."""
 

@@ -39,6 +39,7 @@ from typing import Any
 import litert_lm  # this module is imported only once the litert backend is chosen
 
 from agentik.core.llm import (
+    SUMMARY_PREFIX,
     HistoryItem,
     LLMBackend,
     LLMChunk,
@@ -61,7 +62,6 @@ litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
 
 VARIABLE = "AGENTIK_GOOGLE_MODEL_PATH"
 MAGIC = b"LITERTLM"
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 _DONE = object()
 
 

@@ -20,6 +20,7 @@ from contextlib import aclosing
 from typing import Any
 
 from agentik.core.llm import (
+    SUMMARY_PREFIX,
     HistoryItem,
     LLMBackend,
     LLMChunk,
@@ -39,7 +40,6 @@ from agentik_llm_openai.client import OpenAIClient
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 NO_RESULT = "Error: no result was recorded for this tool call."
 
 
