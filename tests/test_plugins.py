@@ -250,3 +250,20 @@ def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
         },
     ).stdout.splitlines()
     assert out == ["['user', 'tool_call', 'tool_result', 'assistant']", ">HI"]
+
+
+def test_trace_plugins_logs_hook_calls(caplog):
+    import logging
+
+    from agentik.core.app import collect_prompt_sections
+
+    caplog.set_level(logging.INFO, logger="agentik.plugins.trace")
+    plugins = make_plugins(env={"AGENTIK_TRACE_PLUGINS": "1", "AGENTIK_LOAD_PLUGINS": "none"})
+    collect_prompt_sections(plugins, load_settings(plugins, {}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert "register_prompt_sections(register, settings) -> [agentik.core]" in lines
+    assert "register_prompt_sections returned []" in lines
+    caplog.clear()
+    quiet = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "none"})
+    collect_prompt_sections(quiet, load_settings(quiet, {}))
+    assert not caplog.records  # off unless asked

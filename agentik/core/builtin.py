@@ -73,6 +73,12 @@ CORE_SETTINGS = (
         parse_bool,
         "1 makes a plugin that fails to load stop start-up (for development and CI).",
     ),
+    Setting(
+        "AGENTIK_TRACE_PLUGINS",
+        False,
+        parse_bool,
+        "1 logs hook calls: the implementations called, the arguments, the results (debugging).",
+    ),
 )
 
 

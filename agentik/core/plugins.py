@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
+from pluggy import HookImpl, Result
 
 from agentik import hookspecs
 from agentik.core import builtin
@@ -72,6 +73,28 @@ class Plugins:
         hooks = sorted(c.name for c in self.pm.get_hookcallers(plugin) or ())
         self.infos[name] = PluginInfo(name, "ok", dist, version, None, hooks)
         return True
+
+    def trace(self) -> None:
+        """Log every hook call with its implementations, arguments and outcome (datasette's
+        DATASETTE_TRACE_PLUGINS)."""
+        trace = logging.getLogger("agentik.plugins.trace")
+
+        def before(hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, Any]) -> None:
+            names = ", ".join(impl.plugin_name for impl in impls)
+            trace.info("%s(%s) -> [%s]", hook_name, ", ".join(kwargs), names)
+
+        def after(
+            outcome: Result[Any],
+            hook_name: str,
+            impls: Sequence[HookImpl],
+            kwargs: Mapping[str, Any],
+        ) -> None:
+            if outcome.exception is not None:
+                trace.info("%s raised %r", hook_name, outcome.exception)
+            else:
+                trace.info("%s returned %r", hook_name, outcome.get_result())
+
+        self.pm.add_hookcall_monitoring(before, after)
 
     def remove(self, name: str) -> None:
         self.pm.unregister(name=name)
@@ -132,6 +155,8 @@ def make_plugins(
             block=switches["AGENTIK_DISABLE_PLUGINS"],
             strict=switches["AGENTIK_STRICT_PLUGINS"],
         )
+        if switches["AGENTIK_TRACE_PLUGINS"]:
+            plugins.trace()
     for name, plugin in extra:
         plugins.add(plugin, name)
     return plugins
