@@ -77,10 +77,11 @@ class ConversationClosed(Exception):
 class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
-    __slots__ = ("ended", "memory", "open_calls", "text", "user")
+    __slots__ = ("ended", "llm_text", "memory", "open_calls", "text", "user")
 
     def __init__(self, user: Message) -> None:
         self.user = user
+        self.llm_text = ""  # the user's text as the model sees it (context prefix included)
         self.ended = False  # its End event was emitted
         # working-memory entries not written yet: they go with the turn's next write, so a
         # plain turn costs one transaction (a crash or failure drops the turn's rows anyway)
@@ -336,7 +337,7 @@ class ChatConversation:
         self._emit(End())
 
     async def _turn_body(self, turn: _Turn) -> None:
-        text = self._llm_text(turn.user)
+        text = turn.llm_text = self._llm_text(turn.user)
         llm = await self._live_llm()
         turn.memory.append(HistoryItem("user", text))
         extra = await self.agent.before_turn(self, text)
@@ -455,7 +456,7 @@ class ChatConversation:
             self._emit(Interrupted())
         self._end(turn)
         if not interrupted:
-            self.agent.after_turn(self, self._llm_text(turn.user), payload["text"])
+            self.agent.after_turn(self, turn.llm_text, payload["text"])
 
     async def _finish_interrupted(self, turn: _Turn) -> None:
         self._finishing = True

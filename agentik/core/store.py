@@ -64,14 +64,6 @@ class TokenStats:
     input: int
     output: int
 
-    def to_json(self) -> dict[str, int]:
-        return {
-            "turns": self.turns,
-            "input": self.input,
-            "output": self.output,
-            "total": self.input + self.output,
-        }
-
 
 class Store(abc.ABC):
     """Conversations, their audit log and their working memory."""
