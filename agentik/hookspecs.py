@@ -15,6 +15,7 @@ import pluggy
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
     from agentik.core.conversation import ChatConversation
+    from agentik.core.llm import HistoryItem
     from agentik.core.registry import Register
     from agentik.core.settings import Setting, Settings
     from agentik.core.tools import Tool
@@ -149,6 +150,19 @@ def after_turn(
 
     Return an awaitable to run it as a background job (memory review, reflection, mining); it
     never delays the conversation and its failure is logged.
+    """
+
+
+@hookspec
+def before_compaction(
+    conversation: ChatConversation, items: list[HistoryItem]
+) -> Awaitable[Any] | None:
+    """Called when working memory is about to be compacted, with the entries that will be
+    summarised away (the oldest turns).
+
+    Return an awaitable to look at them first (the memory feature saves durable facts from them
+    with source ``PRE_COMPACTION``). The compaction runs the returned awaitables beside its
+    summary call and waits for them; a failure is logged and does not stop the compaction.
     """
 
 

@@ -11,6 +11,7 @@ import pytest
 from agentik import hookimpl
 from agentik.core.app import AGENT, registries
 from agentik.core.cli import banner
+from agentik.core.llm import HistoryItem
 from agentik.core.plugins import Plugins
 from agentik.core.settings import Setting, parse_positive_int
 from agentik.core.testing import ScriptedLLM, make_app, test_plugins
@@ -213,6 +214,52 @@ async def test_hook_after_turn(aiohttp_client):
     await run_turn(app, "how are you")
     await asyncio.wait_for(reviewed.wait(), 5)
     assert seen == [("how are you", "fine")]
+
+
+async def test_hook_before_compaction(aiohttp_client, caplog):
+    seen: list[tuple[str, list[str]]] = []
+    both_started = asyncio.Event()
+
+    class Reviewer:
+        @hookimpl
+        def before_compaction(self, conversation, items):
+            async def review():
+                seen.append((conversation.id, [i.text for i in items]))
+                if len(seen) == 2:
+                    both_started.set()
+                await asyncio.wait_for(both_started.wait(), 5)  # the two run at the same time
+
+            return review()
+
+    class Broken:
+        @hookimpl
+        def before_compaction(self, items):
+            raise RuntimeError("boom")
+
+    class BrokenLater:
+        @hookimpl
+        def before_compaction(self, items):
+            async def fail():
+                raise RuntimeError("late boom")
+
+            return fail()
+
+    app = make_app(
+        plugins=[
+            ("r1", Reviewer()),
+            ("broken", Broken()),
+            ("r2", Reviewer()),
+            ("bl", BrokenLater()),
+        ]
+    )
+    await aiohttp_client(app)
+    agent = app[AGENT]
+    conv = await agent.create_conversation()
+    items = [HistoryItem("user", "old question"), HistoryItem("assistant", "old answer")]
+    await agent.before_compaction(conv, items)
+    assert seen == [(conv.id, ["old question", "old answer"])] * 2
+    assert "before_compaction of plugin broken failed" in caplog.text
+    assert "before_compaction of plugin bl failed" in caplog.text
 
 
 async def test_hook_banner_lines(aiohttp_client):

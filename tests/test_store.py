@@ -175,3 +175,20 @@ async def test_a_durable_append_leaves_the_connection_in_normal_mode(store):
     modes.append(await store.db.read(lambda: store.db.execute("PRAGMA synchronous").fetchone()[0]))
     assert modes == [1]  # NORMAL again: only the acknowledged write paid for the fsync
     assert [m.id for m in await store.list_messages("c1", None, 0, 5)] == ["m1"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+async def test_recent_turns_starts_at_a_user_message(store, kind):
+    s = store if kind == "sqlite" else MemoryStore()
+    await s.create_conversation(conv())
+    await s.create_conversation(conv("c2"))
+    await s.append("c2", [msg("other", cid="c2")])
+    records = []
+    for t in range(3):
+        records += [msg(f"u{t}"), msg(f"tc{t}", "tool_call"), msg(f"a{t}", "assistant")]
+    await s.append("c1", records)
+    assert [m.id for m in await s.recent_turns("c1", 2)] == ["u1", "tc1", "a1", "u2", "tc2", "a2"]
+    assert len(await s.recent_turns("c1", 3)) == 9
+    assert len(await s.recent_turns("c1", 30)) == 9  # fewer turns than asked: all of them
+    assert [m.id for m in await s.recent_turns("c1", 1)] == ["u2", "tc2", "a2"]
+    assert await s.recent_turns("nobody", 5) == []

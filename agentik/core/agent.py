@@ -7,6 +7,7 @@ A conversation lives here, not in a transport: transports only call :class:`Chat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
@@ -22,7 +23,7 @@ from agentik.core.conversation import (
 )
 from agentik.core.events import EventLog, StreamItem
 from agentik.core.jobs import JobRunner
-from agentik.core.llm import LLMBackend
+from agentik.core.llm import HistoryItem, LLMBackend
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
 from agentik.core.types import AgentEvent, ConversationInfo
@@ -215,6 +216,29 @@ class ChatAgent:
             # context enrichment is best effort: the turn goes on without it
             log.exception("a before_turn hook failed in %s", conv.id)
         return "\n\n".join(blocks)
+
+    async def before_compaction(self, conv: ChatConversation, items: list[HistoryItem]) -> None:
+        """Run every ``before_compaction`` hook on the entries about to be summarised, at once;
+        a failing one is logged and the others go on (the compaction never waits on an error)."""
+        if self.hooks is None:
+            return
+        pending = []
+        for impl in self.hooks.before_compaction.get_hookimpls():
+            try:
+                result = impl.function(conversation=conv, items=items)
+            except Exception:
+                log.exception(
+                    "before_compaction of plugin %s failed in %s", impl.plugin_name, conv.id
+                )
+                continue
+            if isinstance(result, Awaitable):
+                pending.append((impl.plugin_name, result))
+        outcomes = await asyncio.gather(*(r for _, r in pending), return_exceptions=True)
+        for (plugin, _), outcome in zip(pending, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                log.error(
+                    "before_compaction of plugin %s failed in %s", plugin, conv.id, exc_info=outcome
+                )
 
     def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:
         if self.hooks is None:

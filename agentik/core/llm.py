@@ -18,9 +18,14 @@ from typing import Any, TypeAlias
 
 from agentik.core.tools import ToolSpec
 
+#: ``LLMError.code`` of a request the endpoint refused because the context is too long; the
+#: turn engine answers it with one compaction and one retry of the step (when compaction is on)
+CONTEXT_LENGTH = "context_length"
+
 
 class LLMError(Exception):
-    """A failed LLM call. ``code`` goes to the Error record (e.g. ``http_503``, ``timeout``)."""
+    """A failed LLM call. ``code`` goes to the Error record (e.g. ``http_503``, ``timeout``,
+    :data:`CONTEXT_LENGTH`)."""
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)

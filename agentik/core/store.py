@@ -125,6 +125,11 @@ class Store(abc.ABC):
         """A page of the audit log, oldest first; ``after`` is a message id (exclusive)."""
 
     @abc.abstractmethod
+    async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
+        """The audit records of the last ``turns`` turns (from their user messages on), oldest
+        first: what reflection, memory review and skill mining quote to the model."""
+
+    @abc.abstractmethod
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]: ...
     @abc.abstractmethod
     async def clear_memory(self, conversation_id: str) -> None: ...
@@ -310,6 +315,23 @@ class SqliteStore(Store):
 
         return await self.db.read(q)
 
+    async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
+        def q() -> list[Message]:
+            rows = self.db.execute(
+                "SELECT id, kind, created_at, payload_json FROM message "
+                "WHERE conversation_id = ? AND seq >= coalesce((SELECT seq FROM message "
+                "WHERE conversation_id = ? AND kind = 'user' "
+                "ORDER BY seq DESC LIMIT 1 OFFSET ?), 0) "
+                "ORDER BY seq",
+                (conversation_id, conversation_id, max(turns, 1) - 1),
+            ).fetchall()
+            return [
+                Message(r[0], conversation_id, cast(MessageKind, r[1]), _dt(r[2]), json.loads(r[3]))
+                for r in rows
+            ]
+
+        return await self.db.read(q)
+
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
         def q() -> list[MemoryRow]:
             rows = self.db.execute(
@@ -470,6 +492,12 @@ class MemoryStore(Store):
                 raise InvalidInput(f"after: no message {after!r} in this conversation")
             msgs = msgs[ids.index(after) + 1 :]
         return msgs[offset : offset + limit]
+
+    async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
+        msgs = self._messages.get(conversation_id, [])
+        starts = [i for i, m in enumerate(msgs) if m.kind == "user"]
+        first = starts[-max(turns, 1)] if len(starts) >= max(turns, 1) else 0
+        return msgs[first:]
 
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
         return list(self._memory.get(conversation_id, []))
