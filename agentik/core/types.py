@@ -90,7 +90,7 @@ def content_from_json(raw: Any) -> list[ContentPart]:
             if data is not None:
                 try:
                     base64.b64decode(data, validate=True)
-                except binascii.Error:
+                except (binascii.Error, ValueError):  # ValueError: not ASCII
                     raise InvalidInput(f"{where}.data must be base64") from None
             assert mime is not None
             parts.append(ImagePart(mime, data=data, url=url))

@@ -24,7 +24,10 @@ HUB = web.AppKey("agentik.http.streams", StreamHub)
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 MAX_TITLE = 1000
-INTEGER = re.compile(r"-?[0-9]+")
+MAX_KEY = 255
+INTEGER = re.compile(r"-?[0-9]{1,18}")  # longer is out of any range (and slow to parse)
+
+REQUIRED = object()
 
 routes = web.RouteTableDef()
 
@@ -52,11 +55,12 @@ def bad_request(message: str, code: str = "invalid_request") -> web.Response:
     return error_response(400, code, message)
 
 
-async def read_json(request: web.Request, *, optional: bool = False) -> Any:
+async def read_json(request: web.Request, *, empty: Any = REQUIRED) -> Any:
+    """The JSON body; ``empty`` is what an empty body means (by default it is refused)."""
     body = await request.read()  # raises 413 past client_max_size
     if not body.strip():
-        if optional:
-            return None
+        if empty is not REQUIRED:
+            return empty
         raise InvalidInput("the request needs a JSON body")
     try:
         data = json.loads(body, parse_constant=_reject_constant)
@@ -81,7 +85,9 @@ def page_params(request: web.Request) -> tuple[int, int]:
         if raw is None:
             return default
         if not INTEGER.fullmatch(raw):
-            raise InvalidInput(f"{name} must be an integer, got {raw!r}")
+            if raw.lstrip("-").isdigit():
+                raise InvalidInput(f"{name} must be between {lo} and {hi}")
+            raise InvalidInput(f"{name} must be an integer, got {raw[:40]!r}")
         value = int(raw)
         if not lo <= value <= hi:
             raise InvalidInput(f"{name} must be between {lo} and {hi}")
@@ -108,8 +114,7 @@ async def invalid_input_as_400(request: web.Request, handler: Any) -> web.Stream
 
 @routes.post("/conversations")
 async def create_conversation(request: web.Request) -> web.Response:
-    body = await read_json(request, optional=True)
-    body = {} if body is None else body
+    body = await read_json(request, empty={})
     if not isinstance(body, dict):
         raise InvalidInput("the body must be a JSON object")
     unknown = set(body) - {"temp", "title"}
@@ -184,12 +189,22 @@ def parse_message_body(body: Any) -> tuple[list[Any], MessageContext | None]:
     return content_from_json(body["content"]), context
 
 
+def idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
+        raise InvalidInput(f"Idempotency-Key must be 1 to {MAX_KEY} printable characters")
+    return key
+
+
 @routes.post("/conversations/{id}/messages")
 async def send_message(request: web.Request) -> web.Response:
     conv = await conversation_or_404(request)
+    key = idempotency_key(request)
     content, context = parse_message_body(await read_json(request))
     try:
-        msg = await conv.send(content, context)
+        msg = await conv.send(content, context, idempotency_key=key)
     except ConversationClosed:
         raise web.HTTPNotFound(text=f"no conversation {conv.id!r}") from None
     return web.json_response(msg.to_json(), status=202)

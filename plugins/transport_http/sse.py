@@ -45,8 +45,8 @@ def resume_point(request: web.Request) -> int | None:
     raw = request.headers.get("Last-Event-ID") or request.query.get("after")
     if raw is None or raw == "":
         return None
-    if not raw.isascii() or not raw.isdigit():
-        raise InvalidInput(f"Last-Event-ID/after must be an event id, got {raw!r}")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 20:
+        raise InvalidInput(f"Last-Event-ID/after must be an event id, got {raw[:40]!r}")
     return int(raw)
 
 
@@ -63,6 +63,10 @@ class StreamHub:
         self, request: web.Request, batches: AsyncIterator[list[StreamItem]]
     ) -> web.StreamResponse:
         """Stream event batches until the log ends or the client leaves; one write a batch."""
+        if request.method == "HEAD":  # the headers a GET would get, and no stream
+            with contextlib.suppress(Exception):
+                await batches.aclose()  # type: ignore[attr-defined]
+            return web.Response(headers=HEADERS)
         resp = web.StreamResponse(headers=HEADERS)
         await resp.prepare(request)
         self.streams[resp] = (request, asyncio.current_task())
