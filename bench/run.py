@@ -36,6 +36,7 @@ SUITE = {  # id -> (module, timeout s)
     "B7": ("b07_concurrency.py", 400),
     "B8": ("b08_streams.py", 300),
     "B9": ("b09_store.py", 240),
+    "B9B": ("b09b_send_burst.py", 300),
     "B10": ("b10_long_conversation.py", 240),
     "B13": ("b13_tool_loop.py", 600),
     "B14": ("b14_loop_lag.py", 240),

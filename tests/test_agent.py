@@ -550,3 +550,61 @@ async def test_when_nothing_can_be_dropped_new_conversations_still_work(make_age
     assert (await third.get_messages())[-1].payload["text"] == "echo: hi"
     for _, pending in readers:
         pending.cancel()
+
+
+async def _history_kinds(conv) -> list[tuple[str, str]]:
+    out = []
+    for m in await conv.get_messages(None, 0, 100):
+        p = m.payload
+        detail = p.get("text") if m.kind == "assistant" else p.get("code", "")
+        if m.kind == "user":
+            detail = p["content"][0]["body"]
+        out.append((m.kind, detail))
+    return out
+
+
+@pytest.mark.parametrize("resume", [True, False])
+async def test_a_clean_stop_runs_the_queued_messages_after_the_restart(
+    make_agent, tmp_path, resume
+):
+    db = str(tmp_path / "q.db")
+    agent = await make_agent(ScriptedLLM(["slow "] * 1000, delay=0.01), db=db)
+    conv = await agent.create_conversation()
+    for body in ("one", "two", "three"):
+        await conv.send(text(body))
+    await asyncio.sleep(0.05)  # turn one is streaming, two and three wait
+    await agent.close()  # a clean stop: turn one is interrupted and recorded
+    agent2 = await make_agent(ScriptedLLM(), db=db, resume_queued=resume)
+    assert await agent2.resume() == (2 if resume else 0)
+    conv2 = await agent2.get_conversation(conv.id)
+    await conv2.wait_idle()
+    kinds = await _history_kinds(conv2)
+    assert kinds[:4] == [("user", "one"), ("user", "two"), ("user", "three"), kinds[3]]
+    assert kinds[3][0] == "assistant" and kinds[3][1].startswith("slow")  # interrupted
+    if resume:
+        assert kinds[4:] == [("assistant", "echo: two"), ("assistant", "echo: three")]
+    else:
+        assert kinds[4:] == [("error", "restart"), ("error", "restart")]
+
+
+async def test_after_a_crash_the_cut_turn_errs_and_the_queued_ones_run(make_agent, tmp_path):
+    db = str(tmp_path / "crash.db")
+    agent = await make_agent(ScriptedLLM(["slow "] * 1000, delay=0.01), db=db)
+    conv = await agent.create_conversation()
+    for body in ("one", "two", "three"):
+        await conv.send(text(body))
+    await asyncio.sleep(0.05)
+    agent.store.db.conn.close()  # the process dies: nothing more reaches the database
+    agent.store.db._conn = None
+    for c in agent._live.values():
+        c._closed = True
+    agent._closed = True
+    agent2 = await make_agent(ScriptedLLM(), db=db)
+    assert await agent2.resume() == 2
+    conv2 = await agent2.get_conversation(conv.id)
+    await conv2.wait_idle()
+    assert (await _history_kinds(conv2))[3:] == [
+        ("error", "restart"),
+        ("assistant", "echo: two"),
+        ("assistant", "echo: three"),
+    ]

@@ -105,6 +105,7 @@ BAD_BODIES = [
     (b'{"content": [{"type": "text", "body": "x"}], "context": "x"}', "context must be an object"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "AAAA"}]', "image"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "%%%"}]', "base64"),
+    ('[{"type": "image", "mimeType": "image/png", "data": "é"}]'.encode(), "base64"),
     (b'[{"type": "text", "body": "\\ud800"}]', "lone surrogate"),
     (
         b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": NaN}}}',
@@ -137,6 +138,10 @@ async def test_bad_messages_get_400_and_change_nothing(client, db_path, raw, mes
         ("get", "/agentik/conversations?limit=201", None, 400),
         ("get", "/agentik/conversations?offset=-1", None, 400),
         ("get", "/agentik/conversations?offset=abc", None, 400),
+        ("get", "/agentik/conversations?offset=" + "9" * 5000, None, 400),
+        ("get", "/agentik/conversations?limit=" + "9" * 5000, None, 400),
+        ("get", "/agentik/conversations/{cid}/events?after=" + "9" * 5000, None, 400),
+        ("post", "/agentik/conversations", "null", 400),
         ("post", "/agentik/conversations", {"temp": "yes"}, 400),
         ("post", "/agentik/conversations", {"title": 3}, 400),
         ("post", "/agentik/conversations", {"owner": "me"}, 400),
@@ -322,3 +327,74 @@ async def test_a_client_that_never_reads_does_not_block_the_turn(aiohttp_client)
     items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
     assert len(items[-1]["text"]) == 4096 * 2000
     writer.close()
+
+
+async def test_a_huge_last_event_id_gets_400(client):
+    cid = await new_conv(client)
+    r = await client.get(
+        f"/agentik/conversations/{cid}/events", headers={"Last-Event-ID": "9" * 5000}
+    )
+    assert r.status == 400 and "Last-Event-ID" in (await r.json())["error"]["message"]
+
+
+async def test_a_broken_gzip_body_gets_a_json_400_and_no_traceback(client, db_path, caplog):
+    cid = await new_conv(client)
+    before = db_counts(db_path)
+    r = await client.post(
+        f"/agentik/conversations/{cid}/messages",
+        data=b"\x1f\x8b not gzip at all",
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert r.status == 400 and r.content_type == "application/json"
+    assert "could not be read" in (await r.json())["error"]["message"]
+    assert db_counts(db_path) == before
+    assert "Traceback" not in caplog.text and "Unhandled exception" not in caplog.text
+
+
+async def test_head_on_an_sse_endpoint_sends_headers_only(client):
+    cid = await new_conv(client)
+    for path in (f"/agentik/conversations/{cid}/events", "/agentik/events"):
+        r = await asyncio.wait_for(client.head(path), 3)
+        assert r.status == 200 and r.content_type == "text/event-stream"
+        assert await asyncio.wait_for(r.read(), 3) == b""
+
+
+async def test_an_idempotency_key_stores_and_runs_a_retried_send_once(client, db_path):
+    cid = await new_conv(client)
+    other = await new_conv(client)
+    url = f"/agentik/conversations/{cid}/messages"
+    headers = {"Idempotency-Key": "retry-1"}
+    first = await client.post(url, json=TEXT, headers=headers)
+    again = await client.post(url, json=[{"type": "text", "body": "changed"}], headers=headers)
+    assert first.status == again.status == 202
+    assert (await first.json()) == (await again.json())  # the first message, not a new one
+    r = await client.post(f"/agentik/conversations/{other}/messages", json=TEXT, headers=headers)
+    assert r.status == 202 and (await r.json())["id"] != (await first.json())["id"]
+    await finish_turn(client, cid)
+    items = (await (await client.get(url)).json())["items"]
+    assert [m["type"] for m in items] == ["user", "assistant"]  # one message, one turn
+    r = await client.post(url, json=TEXT, headers={"Idempotency-Key": "x" * 256})
+    assert r.status == 400 and "Idempotency-Key" in (await r.json())["error"]["message"]
+
+
+async def test_shutdown_sends_interrupted_and_end_before_closing_streams(db_path):
+    from aiohttp import web
+
+    app = make_app(
+        llm=ScriptedLLM(["slow "] * 1000, delay=0.01), env={"AGENTIK_DB_PATH": str(db_path)}
+    )
+    runner = web.AppRunner(app, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}/agentik/conversations"
+    async with aiohttp.ClientSession() as s:
+        cid = (await (await s.post(base)).json())["id"]
+        stream = await s.get(f"{base}/{cid}/events")
+        await s.post(f"{base}/{cid}/messages", json=TEXT)
+        await s.post(f"{base}/{cid}/messages", json=TEXT)  # queued: runs after the restart
+        await stream.content.readline()  # the turn is streaming
+        await runner.cleanup()
+        body = (await asyncio.wait_for(stream.content.read(), 5)).decode()
+    events = [line[7:] for line in body.splitlines() if line.startswith("event: ")]
+    assert events[-2:] == ["Interrupted", "End"]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -135,7 +138,10 @@ async def test_dangling_turns_and_token_stats(store):
     await store.append("a", [msg("u3", cid="a")], turn_id="u3")
     await store.append("b", [msg("u4", cid="b")], turn_id="u4")
     await store.fail_turn("b", "u4", msg("e4", "error", cid="b"))
-    assert await store.dangling_turns() == [("a", "u2"), ("a", "u3")]
+    assert [(m.conversation_id, m.id) for m in await store.dangling_turns()] == [
+        ("a", "u2"),
+        ("a", "u3"),
+    ]
     stats = await store.token_stats()
     assert (stats.turns, stats.input, stats.output) == (1, 10, 4)
     assert (await store.token_stats("b")).turns == 0
@@ -192,3 +198,65 @@ async def test_recent_turns_starts_at_a_user_message(store, kind):
     assert len(await s.recent_turns("c1", 30)) == 9  # fewer turns than asked: all of them
     assert [m.id for m in await s.recent_turns("c1", 1)] == ["u2", "tc2", "a2"]
     assert await s.recent_turns("nobody", 5) == []
+
+
+async def test_durable_writes_share_fsyncs_and_each_waits_for_one_after_its_commit(tmp_path):
+    db = Database(str(tmp_path / "g.db"))
+    await db.open([])
+    real_sync = db._sync_wal
+    committed: list[int] = []
+    synced: list[int] = []  # for each finished fsync: how many commits it started after
+
+    def slow_sync() -> None:
+        start = len(committed)
+        time.sleep(0.03)
+        real_sync()
+        synced.append(start)
+
+    db._sync_wal = slow_sync
+
+    async def write(i: int) -> None:
+        await asyncio.sleep(i * 0.004)  # arrivals spread over several fsyncs
+        await db.write(lambda: committed.append(i), durable=True)
+        position = committed.index(i) + 1
+        assert any(start >= position for start in synced), "returned before its fsync"
+
+    await asyncio.gather(*(write(i) for i in range(60)))
+    assert len(committed) == 60
+    assert 2 <= len(synced) <= 15  # shared: far fewer fsyncs than writes
+    await db.close()
+
+
+def test_a_durable_write_needs_no_new_file_descriptor(tmp_path):
+    """Under descriptor exhaustion (EMFILE) an acknowledged write still completes: the WAL is
+    fsynced through a descriptor opened at start-up, never opened by name after the commit."""
+    script = f"""
+import asyncio, os, resource
+from agentik.core.db import Database
+from agentik.core.store import SqliteStore, utcnow
+from agentik.core.types import ConversationInfo, Message
+
+async def main():
+    store = SqliteStore(Database({str(tmp_path / "fd.db")!r}))
+    await store.open()
+    now = utcnow()
+    await store.create_conversation(ConversationInfo("c", None, False, now, now))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError as e:
+        assert e.errno == 24, e  # EMFILE: no descriptor left
+    await store.append("c", [Message("m1", "c", "user", now, {{}})], durable=True)
+    for fd in held:
+        os.close(fd)
+    print("stored", [m.id for m in await store.list_messages("c", None, 0, 5)])
+    await store.close()
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "stored ['m1']" in out.stdout

@@ -26,11 +26,13 @@ from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
-from agentik.core.types import AgentEvent, ConversationInfo
+from agentik.core.types import AgentEvent, ConversationInfo, Message
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 
 log = logging.getLogger(__name__)
+
+CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every running turn
 
 
 class ChatAgent:
@@ -47,6 +49,7 @@ class ChatAgent:
         event_buffer: int = 1024,
         max_live: int = 256,
         agent_id: str = "agentik",
+        resume_queued: bool = True,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -62,22 +65,64 @@ class ChatAgent:
         self._deleting: set[str] = set()
         self.max_live = max_live
         self._events = EventLog(event_buffer)
+        self.resume_queued = resume_queued
+        self._closed = False
+        #: acknowledged messages whose turns never started before the last stop, by conversation
+        self._unstarted: dict[str, list[Message]] = {}
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def open(self) -> int:
-        """Open the store and close turns a crash cut off; returns how many were closed."""
+        """Open the store and close the turns a stop cut off; returns how many were closed.
+
+        After a crash, a conversation's first unfinished turn is the one that ran (turns run
+        one at a time): it is closed with a ``restart`` Error record. The messages queued
+        behind it never started, nor did any after a clean stop (which records the end of the
+        turns it stops): :meth:`resume` runs them (with ``resume_queued`` off they are closed
+        the same way)."""
         await self.store.open()
-        dangling = await self.store.dangling_turns()
-        for conversation_id, user_id in dangling:
+        clean = await self.store.read_state(CLEAN_STOP) is not None
+        await self.store.write_state(CLEAN_STOP, None)
+        cut: list[Message] = []
+        for msg in await self.store.dangling_turns():
+            queued = self._unstarted.get(msg.conversation_id)
+            if queued is None and not clean:
+                self._unstarted[msg.conversation_id] = []
+                cut.append(msg)
+            elif self.resume_queued:
+                self._unstarted.setdefault(msg.conversation_id, []).append(msg)
+            else:
+                cut.append(msg)
+        for msg in cut:
             await self.store.fail_turn(
-                conversation_id,
-                user_id,
-                error_record(conversation_id, user_id, RESTART_ERROR, "restart"),
+                msg.conversation_id,
+                msg.id,
+                error_record(msg.conversation_id, msg.id, RESTART_ERROR, "restart"),
             )
-        if dangling:
-            log.warning("closed %d turn(s) cut off by a restart", len(dangling))
-        return len(dangling)
+        if cut:
+            log.warning("closed %d turn(s) cut off by a restart", len(cut))
+        return len(cut)
+
+    async def resume(self) -> int:
+        """Run the acknowledged messages whose turns never started before the last stop, in
+        order (called once the tools are up); returns how many were queued."""
+        unstarted, self._unstarted = self._unstarted, {}
+        count = 0
+        for conversation_id, messages in unstarted.items():
+            conv = await self.get_conversation(conversation_id) if messages else None
+            if conv is not None:
+                conv.requeue(messages)
+                count += len(messages)
+        if count:
+            log.info("running %d message(s) queued before the restart", count)
+        return count
+
+    async def stop_turns(self) -> None:
+        """Shutdown: interrupt the running turns and wait until each has recorded its end, so
+        its listeners get Interrupted and End before their streams close. Queued messages stay
+        in the database and run after the next start."""
+        busy = [conv for conv in self._live.values() if conv.busy]
+        await asyncio.gather(*(conv.close() for conv in busy))
 
     def end_streams(self) -> None:
         """End every live event stream (shutdown): SSE handlers return, clients disconnect."""
@@ -86,10 +131,15 @@ class ChatAgent:
         self._events.close()
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for conv in list(self._live.values()):
             await conv.close()
         self._events.close()
         await self.jobs.close()
+        # every turn that ran has recorded its end: the next start runs what is left unasked
+        await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
         await self.store.close()
 
     # --- the protocol -------------------------------------------------------------------------

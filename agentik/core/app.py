@@ -127,6 +127,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         hooks=plugins.hook,
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
+        resume_queued=settings["AGENTIK_RESUME_QUEUED"],
     )
 
 
@@ -135,6 +136,13 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every error is JSON ``{"error": {"code", "message"}}``; never a stack trace."""
     try:
         return await handler(request)  # type: ignore[no-any-return]
+    except web.RequestPayloadError as e:  # a body that cannot be read: broken gzip, cut short
+        response = error_response(400, "bad_body", f"the request body could not be read: {e}")
+        # the rest of the body is unreadable too: neither drain it (aiohttp would log the same
+        # error with a traceback) nor keep the connection
+        request.content.feed_eof()
+        response.force_close()
+        return response
     except web.HTTPException as e:
         if e.status < 400 or e.content_type == "application/json":
             raise
@@ -192,6 +200,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             path = settings["AGENTIK_DB_PATH"]
             raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
         await _start_services(services, agent, plugins, settings)
+        await agent.resume()  # the tools the queued turns may call are up now
         _start_jobs(agent, plugins, settings)
         yield
     finally:
@@ -229,4 +238,5 @@ def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
 
 
 async def _end_streams(app: web.Application) -> None:
+    await app[AGENT].stop_turns()  # their listeners get Interrupted and End first
     app[AGENT].end_streams()

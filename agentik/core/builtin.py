@@ -55,6 +55,13 @@ CORE_SETTINGS = (
         "reloaded from the database on demand.",
     ),
     Setting(
+        "AGENTIK_RESUME_QUEUED",
+        True,
+        parse_bool,
+        "After a restart, run the acknowledged messages whose turns never started, in order "
+        "(0: close them with a `restart` Error record like the turn the stop cut off).",
+    ),
+    Setting(
         "AGENTIK_SHUTDOWN_TIMEOUT",
         5.0,
         parse_positive_float,

@@ -136,11 +136,20 @@ class ChatConversation:
         )
 
     async def send(
-        self, content: Sequence[ContentPart], context: MessageContext | None = None
+        self,
+        content: Sequence[ContentPart],
+        context: MessageContext | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> Message:
-        """Record the user message (durably), queue its turn and return the record."""
+        """Record the user message (durably), queue its turn and return the record.
+
+        With an ``idempotency_key`` this conversation already took, nothing is stored or run
+        again: the first message's record is returned (a client retrying a send whose answer it
+        never got)."""
         if self._evicted:
-            return await (await self._current()).send(content, context)
+            live = await self._current()
+            return await live.send(content, context, idempotency_key=idempotency_key)
         if self._closed:
             raise ConversationClosed(f"conversation {self.id} is closed")
         if not content:
@@ -154,26 +163,30 @@ class ChatConversation:
         # shielded: once the write started, the turn is queued even if the caller goes away
         # (a client that disconnects before its 202)
         self._sending += 1  # from now on the conversation is not idle
-        return await asyncio.shield(self._accept(msg))
+        return await asyncio.shield(self._accept(msg, idempotency_key))
 
-    async def _accept(self, msg: Message) -> Message:
+    async def _accept(self, msg: Message, idempotency_key: str | None = None) -> Message:
         try:
-            await self._store.append(
-                self.id, [msg], turn_id=msg.id, touch=msg.created_at, durable=True
-            )
+            stored = await self._store.add_user_message(msg, idempotency_key=idempotency_key)
         except Exception as e:
             if self._closed:  # deleted while the write waited
                 raise ConversationClosed(f"conversation {self.id} was deleted") from e
             raise
         finally:
             self._sending -= 1
+        if stored is not msg:
+            return stored  # a retry: the first send queued its turn
         self.updated_at = msg.created_at
         self.agent.touch(self.id)
-        self._queue.append(msg)
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
+        self.requeue([msg])
         self.agent.publish("ConversationUpdated", self.id)
         return msg
+
+    def requeue(self, messages: Sequence[Message]) -> None:
+        """Queue the turns of stored user messages (after a restart: those never started)."""
+        self._queue.extend(messages)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
 
     async def wait_idle(self) -> None:
         """Wait until every queued turn has run (for scripts, tests and benchmarks)."""

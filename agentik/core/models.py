@@ -50,7 +50,38 @@ class WorkingMemory(BaseModel):
         indexes = ((("conversation", "order_idx"), False),)
 
 
-MODELS: list[type[peewee.Model]] = [Conversation, Message, WorkingMemory]
+class IdempotencyKey(BaseModel):
+    """A client's key for a user message, so a retried send stores nothing twice."""
+
+    # no index of its own: the primary key starts with it
+    conversation = peewee.ForeignKeyField(
+        Conversation, column_name="conversation_id", on_delete="CASCADE", index=False
+    )
+    key = peewee.TextField()
+    message_id = peewee.TextField()
+
+    class Meta:
+        table_name = "idempotency_key"
+        primary_key = peewee.CompositeKey("conversation", "key")
+
+
+class AgentState(BaseModel):
+    """Small facts about the agent itself, e.g. whether its last stop was clean."""
+
+    key = peewee.TextField(primary_key=True)
+    value = peewee.TextField()
+
+    class Meta:
+        table_name = "agent_state"
+
+
+MODELS: list[type[peewee.Model]] = [
+    Conversation,
+    Message,
+    WorkingMemory,
+    IdempotencyKey,
+    AgentState,
+]
 
 APPEND_ONLY_TRIGGER = """
 CREATE TRIGGER IF NOT EXISTS message_append_only BEFORE UPDATE ON message

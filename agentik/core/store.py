@@ -119,6 +119,14 @@ class Store(abc.ABC):
         awaits I/O shields its write (``asyncio.shield``)."""
 
     @abc.abstractmethod
+    async def add_user_message(
+        self, msg: Message, *, idempotency_key: str | None = None
+    ) -> Message:
+        """Durably append a user message (the start of its own turn) and touch its
+        conversation. With an ``idempotency_key`` this conversation already used, store nothing
+        and return the message stored with that key (a client's retry)."""
+
+    @abc.abstractmethod
     async def list_messages(
         self, conversation_id: str, after: str | None, offset: int, limit: int
     ) -> list[Message]:
@@ -145,12 +153,20 @@ class Store(abc.ABC):
         """Atomically replace entries before ``drop_before_idx`` by one summary entry."""
 
     @abc.abstractmethod
-    async def dangling_turns(self) -> list[tuple[str, str]]:
-        """(conversation id, user message id) of turns with no Assistant or Error record:
-        the one a crash cut off and those queued behind it."""
+    async def dangling_turns(self) -> list[Message]:
+        """The user messages of turns with no Assistant or Error record, oldest first: the one
+        a crash cut off and those queued behind it."""
 
     @abc.abstractmethod
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
+
+    @abc.abstractmethod
+    async def read_state(self, key: str) -> str | None:
+        """A small fact about the agent (``clean_stop``), or None."""
+
+    @abc.abstractmethod
+    async def write_state(self, key: str, value: str | None) -> None:
+        """Set (or with None, delete) a small fact about the agent."""
 
 
 # --- SQLite -------------------------------------------------------------------------------
@@ -290,6 +306,47 @@ class SqliteStore(Store):
 
         await self.db.write(q, durable=durable)
 
+    async def add_user_message(
+        self, msg: Message, *, idempotency_key: str | None = None
+    ) -> Message:
+        cid = msg.conversation_id
+
+        def q() -> Message:
+            if idempotency_key is not None:
+                row = self.db.execute(
+                    "SELECT m.id, m.kind, m.created_at, m.payload_json FROM idempotency_key k "
+                    "JOIN message m ON m.id = k.message_id "
+                    "WHERE k.conversation_id = ? AND k.key = ?",
+                    (cid, idempotency_key),
+                ).fetchone()
+                if row is not None:
+                    return Message(
+                        row[0], cid, cast(MessageKind, row[1]), _dt(row[2]), json.loads(row[3])
+                    )
+                self.db.execute(
+                    "INSERT INTO idempotency_key (conversation_id, key, message_id) "
+                    "VALUES (?, ?, ?)",
+                    (cid, idempotency_key, msg.id),
+                )
+            self.db.execute(
+                _INSERT_MESSAGE,
+                (
+                    msg.id,
+                    cid,
+                    msg.kind,
+                    msg.id,
+                    _ts(msg.created_at),
+                    json.dumps(msg.payload, ensure_ascii=False),
+                ),
+            )
+            self.db.execute(
+                "UPDATE conversation SET updated_at = ? WHERE id = ?", (_ts(msg.created_at), cid)
+            )
+            return msg
+
+        # durable also for a replay: the first send may still be waiting for its fsync
+        return await self.db.write(q, durable=True)
+
     async def list_messages(
         self, conversation_id: str, after: str | None, offset: int, limit: int
     ) -> list[Message]:
@@ -393,14 +450,14 @@ class SqliteStore(Store):
 
         await self.db.write(q)
 
-    async def dangling_turns(self) -> list[tuple[str, str]]:
-        def q() -> list[tuple[str, str]]:
+    async def dangling_turns(self) -> list[Message]:
+        def q() -> list[Message]:
             rows = self.db.execute(
-                "SELECT u.conversation_id, u.id FROM message u WHERE u.kind = 'user' "
-                "AND NOT EXISTS (SELECT 1 FROM message t WHERE t.turn_id = u.id "
-                "AND t.kind IN ('assistant', 'error')) ORDER BY u.seq"
+                "SELECT u.id, u.conversation_id, u.created_at, u.payload_json FROM message u "
+                "WHERE u.kind = 'user' AND NOT EXISTS (SELECT 1 FROM message t "
+                "WHERE t.turn_id = u.id AND t.kind IN ('assistant', 'error')) ORDER BY u.seq"
             ).fetchall()
-            return [(r[0], r[1]) for r in rows]
+            return [Message(r[0], r[1], "user", _dt(r[2]), json.loads(r[3])) for r in rows]
 
         return await self.db.read(q)
 
@@ -420,6 +477,21 @@ class SqliteStore(Store):
 
         return await self.db.read(q)
 
+    async def read_state(self, key: str) -> str | None:
+        def q() -> str | None:
+            row = self.db.execute("SELECT value FROM agent_state WHERE key = ?", (key,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self.db.read(q)
+
+    async def write_state(self, key: str, value: str | None) -> None:
+        def q() -> None:
+            self.db.execute("DELETE FROM agent_state WHERE key = ?", (key,))
+            if value is not None:
+                self.db.execute("INSERT INTO agent_state (key, value) VALUES (?, ?)", (key, value))
+
+        await self.db.write(q)
+
 
 # --- in memory (temporary conversations) --------------------------------------------------
 
@@ -431,6 +503,8 @@ class MemoryStore(Store):
         self._convs: dict[str, ConversationInfo] = {}
         self._messages: dict[str, list[Message]] = {}
         self._memory: dict[str, list[MemoryRow]] = {}
+        self._keys: dict[tuple[str, str], Message] = {}
+        self._state: dict[str, str] = {}
 
     async def create_conversation(self, info: ConversationInfo) -> None:
         self._convs[info.id] = info
@@ -461,6 +535,7 @@ class MemoryStore(Store):
         )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
+        self._keys = {k: m for k, m in self._keys.items() if k[0] != conversation_id}
         self._messages.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
         return self._convs.pop(conversation_id, None) is not None
@@ -481,6 +556,17 @@ class MemoryStore(Store):
         rows.extend(MemoryRow(i, turn_id, item) for i, item in enumerate(memory, start=start))
         if touch is not None:
             await self.update_conversation(conversation_id, updated_at=touch)
+
+    async def add_user_message(
+        self, msg: Message, *, idempotency_key: str | None = None
+    ) -> Message:
+        cid = msg.conversation_id
+        if idempotency_key is not None:
+            stored = self._keys.setdefault((cid, idempotency_key), msg)
+            if stored is not msg:
+                return stored
+        await self.append(cid, [msg], turn_id=msg.id, touch=msg.created_at)
+        return msg
 
     async def list_messages(
         self, conversation_id: str, after: str | None, offset: int, limit: int
@@ -517,7 +603,7 @@ class MemoryStore(Store):
         kept = [r for r in self._memory[conversation_id] if r.order_idx >= drop_before_idx]
         self._memory[conversation_id] = [MemoryRow(drop_before_idx - 1, None, summary), *kept]
 
-    async def dangling_turns(self) -> list[tuple[str, str]]:
+    async def dangling_turns(self) -> list[Message]:
         return []
 
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
@@ -532,3 +618,12 @@ class MemoryStore(Store):
                     tin += tokens.get("input") or 0
                     tout += tokens.get("output") or 0
         return TokenStats(turns, tin, tout)
+
+    async def read_state(self, key: str) -> str | None:
+        return self._state.get(key)
+
+    async def write_state(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._state.pop(key, None)
+        else:
+            self._state[key] = value

@@ -24,6 +24,10 @@ CREATE TABLE IF NOT EXISTS "working_memory" ("id" INTEGER NOT NULL PRIMARY KEY,
 CREATE INDEX IF NOT EXISTS "working_memory_conversation_id" ON "working_memory" ("conversation_id");
 CREATE INDEX IF NOT EXISTS "working_memory_conversation_id_order_idx"
   ON "working_memory" ("conversation_id", "order_idx");
+CREATE TABLE IF NOT EXISTS "idempotency_key" ("conversation_id" TEXT NOT NULL,
+  "key" TEXT NOT NULL, "message_id" TEXT NOT NULL, PRIMARY KEY ("conversation_id", "key"),
+  FOREIGN KEY ("conversation_id") REFERENCES "conversation" ("id") ON DELETE CASCADE);
+CREATE TABLE IF NOT EXISTS "agent_state" ("key" TEXT NOT NULL PRIMARY KEY, "value" TEXT NOT NULL);
 CREATE TRIGGER IF NOT EXISTS message_append_only BEFORE UPDATE ON message
 BEGIN SELECT RAISE(ABORT, 'message is an append-only audit log'); END;
 """
