@@ -270,8 +270,8 @@ async def test_hook_banner_lines(aiohttp_client):
 
     app = make_app(plugins=[("p", P())])
     await aiohttp_client(app)
-    lines = await banner(app, "0.0.0.0", 8080)
-    assert lines[0] == "agentik listening on http://localhost:8080"
+    lines = await banner(app, "127.0.0.1", 8080)
+    assert lines[0] == "agentik listening on http://127.0.0.1:8080 (this machine only; no API key)"
     assert "  GET  /health" in lines
     assert "  mcp: 0 tools from 0 servers (agentik)" in lines
     assert any(line.startswith("  POST /agentik/conversations") for line in lines)

@@ -32,6 +32,7 @@ METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 SSE = "text/event-stream"
 MAX_BODY = 1024 * 1024
 TEXT = [{"type": "text", "body": "hi"}]
+API_KEY = "test-key-0123456789abcdef"
 
 # --- schema helpers -------------------------------------------------------------------------
 
@@ -231,7 +232,11 @@ async def api(aiohttp_client: Any) -> AsyncIterator[Api]:
         [ToolCallRequest("c2", "slow_tool", "{}")],
     )
     plugin = ToolsPlugin()
-    client = await aiohttp_client(make_app(llm=llm, plugins=[("test_tools", plugin)]))
+    env = {"AGENTIK_API_KEY": API_KEY, "AGENTIK_ALLOWED_HOSTS": "127.0.0.1"}
+    client = await aiohttp_client(
+        make_app(llm=llm, plugins=[("test_tools", plugin)], env=env),
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
     api = Api(client)
     api.plugin = plugin
     yield api
@@ -394,15 +399,20 @@ async def test_server_matches_document(api: Api) -> None:
     await api.call("POST", f"{unknown}/interrupt", 404)
     await api.call("GET", f"{unknown}/events", 404)
     await api.call("GET", f"{base}/messages", 400, params={"after": "msg-nope"})
-    await api.call("POST", "/agentik/conversations", 400, data=b"{bad json")
+    as_json = {"Content-Type": "application/json"}
+    await api.call("POST", "/agentik/conversations", 400, data=b"{bad json", headers=as_json)
     await api.call("PATCH", base, 400, data=b"")
-    await api.call("POST", f"{base}/messages", 400, data=b"[{")
+    await api.call("POST", f"{base}/messages", 400, data=b"[{", headers=as_json)
+    await api.call(
+        "POST", f"{base}/messages", 415, data=b"hello", headers={"Content-Type": "text/plain"}
+    )
     big = b'{"title": "' + b"x" * MAX_BODY + b'"}'
-    await api.call("POST", "/agentik/conversations", 413, data=big)
-    await api.call("PATCH", base, 413, data=big)
-    await api.call("POST", f"{base}/messages", 413, data=big)
+    await api.call("POST", "/agentik/conversations", 413, data=big, headers=as_json)
+    await api.call("PATCH", base, 413, data=big, headers=as_json)
+    await api.call("POST", f"{base}/messages", 413, data=big, headers=as_json)
     await check_query_parameters(api, {"{id}": cid})
     await check_wrong_methods(api, cid)
+    await check_refusals(api, cid)
 
     # deleting ends the story on the agent stream
     await api.call("DELETE", base, 204)
@@ -462,6 +472,25 @@ async def check_query_parameters(api: Api, values: dict[str, str]) -> None:
                     continue
                 assert validator(schema).is_valid(value) == (status == 200), where
                 await api.call(method, concrete, status, **kw)
+
+
+async def check_refusals(api: Api, cid: str) -> None:
+    """401 without a valid key, 403 for a Host that is not served, 415 for a body that is not
+    JSON: on every operation that documents them."""
+    for path, ops in DOC["paths"].items():
+        concrete = path.replace("{id}", cid)
+        for method, op in ops.items():
+            if method not in METHODS:
+                continue
+            statuses = op["responses"]
+            if "401" in statuses:
+                wrong = {"Authorization": "Bearer not-the-key-at-all"}
+                await api.call(method.upper(), concrete, 401, headers=wrong)
+            if "403" in statuses:
+                await api.call(method.upper(), concrete, 403, headers={"Host": "evil.example"})
+            if "415" in statuses:
+                text = {"Content-Type": "text/plain"}
+                await api.call(method.upper(), concrete, 415, data=b"{}", headers=text)
 
 
 async def check_wrong_methods(api: Api, cid: str) -> None:
@@ -580,7 +609,13 @@ async def check_request_bodies(api: Api) -> None:
             assert check.is_valid(body) == ok, (
                 f"{method} {path}: schema and server disagree on {body}"
             )
-            await api.call(method, concrete, status, data=json.dumps(body).encode())
+            await api.call(
+                method,
+                concrete,
+                status,
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
     # a valid image part is refused with a 400 when the model takes no images
     conv = await api.call("GET", f"/agentik/conversations/{cid}", 200)
     assert conv["supportsImageInput"] is False

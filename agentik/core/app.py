@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agentik.core import security
 from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
@@ -163,6 +164,7 @@ def error_response(
     )
 
 
+@security.public
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "agent": request.app[AGENT].id})
 
@@ -178,7 +180,10 @@ def create_app(
     plugins = plugins if plugins is not None else make_plugins(env=env)
     settings = settings if settings is not None else load_settings(plugins, env)
     agent = build_agent(plugins, settings, llm)
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
+    app = web.Application(
+        middlewares=[security.middleware(settings), json_errors], client_max_size=MAX_BODY
+    )
+    app.on_response_prepare.append(security.response_headers(settings))
     app[AGENT] = agent
     app[SETTINGS] = settings
     app[PLUGINS] = plugins

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agentik.core.security import parse_api_keys
 from agentik.core.settings import (
     Setting,
     Settings,
@@ -21,7 +22,41 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Be brief and to the point.
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 CORE_SETTINGS = (
-    Setting("AGENTIK_HOST", "0.0.0.0", str, "Interface the HTTP server binds to."),
+    Setting(
+        "AGENTIK_HOST",
+        None,
+        str,
+        "Interface the HTTP server binds to; unset: 127.0.0.1 without AGENTIK_API_KEY, "
+        "0.0.0.0 with it.",
+    ),
+    Setting(
+        "AGENTIK_API_KEY",
+        None,
+        parse_api_keys,
+        "API keys every route requires (`Authorization: Bearer <key>`): a comma list, or "
+        "@/path/to/file with one key per line; each at least 16 characters.",
+        secret=True,
+    ),
+    Setting(
+        "AGENTIK_ALLOW_UNAUTHENTICATED",
+        False,
+        parse_bool,
+        "1 allows binding a non-loopback AGENTIK_HOST without AGENTIK_API_KEY (behind an "
+        "authenticating proxy).",
+    ),
+    Setting(
+        "AGENTIK_ALLOWED_HOSTS",
+        None,
+        parse_list,
+        "Comma list of Host names served besides the loopback ones (`*`: any); unset: only "
+        "loopback names without a key, any name with one (against DNS rebinding).",
+    ),
+    Setting(
+        "AGENTIK_CORS_ORIGINS",
+        (),
+        parse_list,
+        "Comma list of browser origins (https://app.example.com) allowed to call the API.",
+    ),
     Setting("AGENTIK_PORT", 8080, parse_port, "Port of the HTTP server (all transports)."),
     Setting(
         "AGENTIK_DB_PATH",

@@ -90,15 +90,18 @@ def serve_command(host: str | None, port: int | None) -> int:
     for info in plugins.infos.values():
         if info.status == "failed":
             log.warning("plugin %s failed to load: %s", info.name, info.error)
+    from agentik.core.security import bind_host
+
     try:
+        host = bind_host(settings, host)
         app = create_app(settings, plugins)
-    except (StartupError, SettingsError) as e:
+    except (StartupError, SettingsError, ValueError) as e:
         return fail(str(e))
     try:
         asyncio.run(
             _serve(
                 app,
-                host or settings["AGENTIK_HOST"],
+                host,
                 settings["AGENTIK_PORT"] if port is None else port,
                 settings["AGENTIK_SHUTDOWN_TIMEOUT"],
             )
@@ -142,8 +145,8 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-        for line in await banner(app, host, bound):
+        bound = runner.addresses[0][:2] if runner.addresses else (host, port)
+        for line in await banner(app, *bound):
             print(line, flush=True)
         await stop.wait()
         log.info("shutting down")
@@ -154,10 +157,24 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
 
 async def banner(app: web.Application, host: str, port: int) -> list[str]:
     from agentik.core.app import AGENT, PLUGINS, SETTINGS
+    from agentik.core.security import is_loopback
 
     agent, plugins, settings = app[AGENT], app[PLUGINS], app[SETTINGS]
-    shown = "localhost" if host in ("0.0.0.0", "::", "") else host
-    endpoints = [f"agentik listening on http://{shown}:{port}", "  GET  /health"]
+    shown = f"[{host}]" if ":" in host else host
+    where = "every interface" if host in ("0.0.0.0", "::") else None
+    where = where or ("this machine only" if is_loopback(host) else "the network")
+    keys = settings["AGENTIK_API_KEY"]
+    access = (
+        f"API key required ({len(keys)} key{'s' if len(keys) > 1 else ''})"
+        if keys
+        else ("no API key" if is_loopback(host) else "NO API KEY: anyone who reaches it can use it")
+    )
+    endpoints = [
+        f"agentik listening on http://{shown}:{port} ({where}; {access})",
+        "  GET  /health",
+    ]
+    if not keys and not is_loopback(host):
+        log.warning("listening on %s without an API key (AGENTIK_ALLOW_UNAUTHENTICATED=1)", host)
     lines: list[str] = []
     for result in plugins.hook.banner_lines(agent=agent, settings=settings):
         for line in result or ():

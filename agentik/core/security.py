@@ -1,0 +1,184 @@
+"""Who may use the server: API keys, the Host allow-list, cross-origin rules and the bind
+address. One middleware guards every route of every transport, plugins' routes included;
+``docs/security.md`` gives the threat model.
+
+- **API keys** (``AGENTIK_API_KEY``): every route needs ``Authorization: Bearer <key>``
+  (compared in constant time against every key), except those marked :func:`public`
+  (``/health``, an A2A agent card). An SSE request (``Accept: text/event-stream``) may give the
+  key as ``?access_token=`` instead, because a browser's ``EventSource`` cannot set headers.
+- **DNS rebinding**: without a key the server answers only requests whose ``Host`` is a
+  loopback name (or one of ``AGENTIK_ALLOWED_HOSTS``), so a page whose name was rebound to
+  127.0.0.1 gets nothing.
+- **Cross-site requests**: a state-changing request from a browser page of another origin is
+  refused unless the origin is in ``AGENTIK_CORS_ORIGINS``; bodies must be JSON (a form or a
+  ``text/plain`` POST, which browsers send cross-site without asking, gets a 415).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from agentik.core.settings import Settings, parse_list
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CORS_MAX_AGE = "600"
+
+
+def public(handler: F) -> F:
+    """Mark a route handler as open without an API key (``/health``, an agent card)."""
+    handler.agentik_public = True  # type: ignore[attr-defined]
+    return handler
+
+
+def parse_api_keys(raw: str) -> tuple[str, ...]:
+    """A comma list of keys, or ``@/path/to/file`` with one key per line (``#`` comments)."""
+    if raw.startswith("@"):
+        path = Path(raw[1:]).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read the key file: {e.strerror or e}") from None
+        keys = tuple(
+            line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+        )
+    else:
+        keys = parse_list(raw)
+    if not keys:
+        raise ValueError("no key given")
+    if any(len(k) < 16 for k in keys):
+        raise ValueError("every key must be at least 16 characters")
+    return keys
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_host(settings: Mapping[str, Any], override: str | None = None) -> str:
+    """The interface to listen on: as set, else loopback without a key and every interface
+    with one. Raises ``ValueError`` for a non-loopback address without a key unless
+    ``AGENTIK_ALLOW_UNAUTHENTICATED=1``."""
+    keys = settings["AGENTIK_API_KEY"]
+    host = override or settings["AGENTIK_HOST"] or ("0.0.0.0" if keys else "127.0.0.1")
+    if not keys and not is_loopback(host) and not settings["AGENTIK_ALLOW_UNAUTHENTICATED"]:
+        raise ValueError(
+            f"AGENTIK_HOST={host!r} would expose the agent without a key: set AGENTIK_API_KEY, "
+            "or AGENTIK_ALLOW_UNAUTHENTICATED=1 to do it anyway (e.g. behind an authenticating "
+            "proxy)"
+        )
+    return host
+
+
+def _host_name(host_header: str) -> str:
+    """``Host`` without its port: ``example.com:8080`` → ``example.com``, ``[::1]:80`` → ``::1``."""
+    if host_header.startswith("["):
+        return host_header[1 : host_header.find("]")].lower()
+    return host_header.rsplit(":", 1)[0].lower() if host_header.count(":") == 1 else host_header
+
+
+def _origin_of(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"
+
+
+def _refuse(status: int, code: str, message: str) -> web.Response:
+    from agentik.core.app import error_response
+
+    return error_response(status, code, message)
+
+
+def middleware(settings: Settings) -> Callable[..., Any]:
+    keys = [k.encode() for k in settings["AGENTIK_API_KEY"] or ()]
+    allowed_hosts: frozenset[str] | None
+    if settings["AGENTIK_ALLOWED_HOSTS"] is not None:
+        names = {h.lower() for h in settings["AGENTIK_ALLOWED_HOSTS"]}
+        allowed_hosts = None if "*" in names else frozenset(names | LOOPBACK_NAMES)
+    else:  # a rebound page cannot present a key: with one, any name may reach the server
+        allowed_hosts = None if keys else LOOPBACK_NAMES
+    origins = frozenset(settings["AGENTIK_CORS_ORIGINS"])
+
+    def authorized(request: web.Request) -> bool:
+        given = ""
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        elif request.method == "GET" and "text/event-stream" in request.headers.get("Accept", ""):
+            given = request.query.get("access_token", "")
+        token = given.encode()
+        # every key compared, in constant time: no early exit tells which prefix matched
+        return any([hmac.compare_digest(token, key) for key in keys])
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if allowed_hosts is not None and _host_name(request.host) not in allowed_hosts:
+            return _refuse(
+                403,
+                "host_not_allowed",
+                f"Host {request.host!r} is not served here (set AGENTIK_ALLOWED_HOSTS)",
+            )
+        origin = request.headers.get("Origin")
+        cross = origin is not None and origin != _origin_of(request)
+        if cross and origin in origins:
+            if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+                preflight = web.Response(status=204)
+                preflight.headers["Access-Control-Allow-Methods"] = "GET, POST, PATCH, DELETE"
+                preflight.headers["Access-Control-Allow-Headers"] = (
+                    "Authorization, Content-Type, Idempotency-Key, Last-Event-ID"
+                )
+                preflight.headers["Access-Control-Max-Age"] = CORS_MAX_AGE
+                return preflight
+        elif cross and request.method not in SAFE_METHODS:
+            return _refuse(
+                403,
+                "cross_origin",
+                f"requests from {origin} are not allowed (AGENTIK_CORS_ORIGINS)",
+            )
+        if (
+            request.method not in SAFE_METHODS
+            and request.body_exists
+            and not (
+                request.content_type == "application/json" or request.content_type.endswith("+json")
+            )
+        ):
+            return _refuse(
+                415,
+                "unsupported_media_type",
+                "the body must be JSON (Content-Type: application/json)",
+            )
+        handler_is_public = getattr(request.match_info.handler, "agentik_public", False)
+        if keys and not handler_is_public and not authorized(request):
+            response = _refuse(401, "unauthorized", "a valid API key is required")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="agentik"'
+            return response
+        return await handler(request)  # type: ignore[no-any-return]
+
+    return guard
+
+
+def response_headers(settings: Settings) -> Callable[..., Any]:
+    """``on_response_prepare``: CORS headers for allowed origins (SSE streams included, which
+    are prepared inside their handler), and no ``Server: Python/… aiohttp/…`` banner."""
+    origins = frozenset(settings["AGENTIK_CORS_ORIGINS"])
+
+    async def prepare(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.pop("Server", None)
+        origin = request.headers.get("Origin")
+        if origin is not None and origin in origins:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+
+    return prepare

@@ -1,0 +1,223 @@
+"""Safe to expose (F17): API keys on every route of every transport, the Host allow-list,
+cross-site requests, the bind address and the banner."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+
+import pytest
+from aiohttp import web
+
+from agentik import hookimpl
+from agentik.core import security
+from agentik.core.settings import SettingsError
+from agentik.core.testing import make_app
+from tests.conftest import BIN, read_sse
+
+KEY = "k-0123456789abcdef-first"
+OTHER_KEY = "k-0123456789abcdef-second"
+TEXT = [{"type": "text", "body": "hello"}]
+
+
+class PluginRoute:
+    """A third-party transport: its route must be guarded like the built-in ones."""
+
+    @hookimpl
+    def register_transports(self, register):
+        async def ping(request):
+            return web.json_response({"pong": True})
+
+        register("ping", lambda app, agent, settings: app.router.add_get("/plugin/ping", ping))
+
+
+def keyed_app(db_path, **env):
+    return make_app(
+        plugins=[("ping", PluginRoute())],
+        env={"AGENTIK_API_KEY": f"{KEY},{OTHER_KEY}", "AGENTIK_DB_PATH": str(db_path), **env},
+    )
+
+
+def concrete_routes(app: web.Application, cid: str) -> list[tuple[str, str]]:
+    """(method, path) of every route of the app and its sub-apps, ids filled in."""
+    out = []
+
+    def walk(a: web.Application, prefix: str) -> None:
+        for resource in a.router.resources():
+            info = resource.get_info()
+            if "app" in info:
+                walk(info["app"], prefix + info.get("prefix", ""))
+                continue
+            path = info.get("path") or info.get("formatter", "")
+            for route in resource:
+                if route.method not in ("HEAD", "*"):
+                    out.append((route.method, prefix + path.replace("{id}", cid)))
+
+    walk(app, "")
+    return out
+
+
+async def test_every_route_of_every_transport_needs_a_key(aiohttp_client, tmp_path):
+    app = keyed_app(tmp_path / "a.db")
+    client = await aiohttp_client(app)
+    ok = {"Authorization": f"Bearer {KEY}"}
+    cid = (await (await client.post("/agentik/conversations", headers=ok)).json())["id"]
+    routes = concrete_routes(app, cid)
+    assert ("GET", "/plugin/ping") in routes and ("GET", "/health") in routes
+    for method, path in routes:
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong-key-wrong-key"},
+            {"Authorization": KEY},
+        ):
+            r = await client.request(method, path, headers=headers)
+            if path == "/health":
+                assert r.status == 200, (method, path)
+                continue
+            assert r.status == 401, (method, path, headers)
+            assert r.headers["WWW-Authenticate"] == 'Bearer realm="agentik"'
+            assert (await r.json())["error"]["code"] == "unauthorized"
+        r = await client.request(method, path, headers={"Authorization": f"Bearer {OTHER_KEY}"})
+        assert r.status != 401, (method, path)
+    with sqlite3.connect(tmp_path / "a.db") as raw:  # refused requests changed nothing
+        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 1
+
+
+async def test_sse_takes_the_key_as_a_query_parameter_and_nothing_else_does(
+    aiohttp_client, tmp_path
+):
+    client = await aiohttp_client(keyed_app(tmp_path / "b.db"))
+    ok = {"Authorization": f"Bearer {KEY}"}
+    cid = (await (await client.post("/agentik/conversations", headers=ok)).json())["id"]
+    events = await client.get(
+        f"/agentik/conversations/{cid}/events?access_token={KEY}",
+        headers={"Accept": "text/event-stream"},
+    )
+    assert events.status == 200
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT, headers=ok)
+    frames = await read_sse(events)
+    assert frames[-1]["event"] == "End"
+    events.close()
+    r = await client.post(f"/agentik/conversations/{cid}/messages?access_token={KEY}", json=TEXT)
+    assert r.status == 401  # only an EventSource needs it in the URL
+    r = await client.get(f"/agentik/conversations/{cid}?access_token={KEY}")
+    assert r.status == 401
+
+
+async def test_without_a_key_only_loopback_host_names_are_served(aiohttp_client, tmp_path):
+    client = await aiohttp_client(make_app(env={"AGENTIK_DB_PATH": str(tmp_path / "c.db")}))
+    for host in ("localhost", f"localhost:{client.port}", "127.0.0.1:80", "[::1]:8080"):
+        assert (await client.get("/health", headers={"Host": host})).status == 200, host
+    for host in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example"):
+        r = await client.post("/agentik/conversations", headers={"Host": host})
+        assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
+    with sqlite3.connect(tmp_path / "c.db") as raw:
+        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    client2 = await aiohttp_client(make_app(env={"AGENTIK_ALLOWED_HOSTS": "agent.lan"}))
+    assert (await client2.get("/health", headers={"Host": "agent.lan:8080"})).status == 200
+    assert (await client2.get("/health", headers={"Host": "evil.example"})).status == 403
+
+
+async def test_cross_site_requests_are_refused(aiohttp_client, tmp_path):
+    client = await aiohttp_client(make_app(env={"AGENTIK_DB_PATH": str(tmp_path / "d.db")}))
+    # what a page on another site can send without asking: a text/plain or form POST
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        r = await client.post(
+            "/agentik/conversations", data=b'{"title": "x"}', headers={"Content-Type": content_type}
+        )
+        assert r.status == 415, content_type
+    # a bodiless POST from another origin (fetch with mode: no-cors)
+    r = await client.post("/agentik/conversations", headers={"Origin": "https://evil.example"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "cross_origin"
+    with sqlite3.connect(tmp_path / "d.db") as raw:
+        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    # the same origin (a page the server itself serves) is not cross-site
+    own = f"http://127.0.0.1:{client.port}"
+    assert (await client.post("/agentik/conversations", headers={"Origin": own})).status == 201
+
+
+async def test_cors_allows_only_the_named_origins(aiohttp_client):
+    app_origin = "https://app.example.com"
+    client = await aiohttp_client(make_app(env={"AGENTIK_CORS_ORIGINS": app_origin}))
+    preflight = await client.options(
+        "/agentik/conversations",
+        headers={
+            "Origin": app_origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type",
+        },
+    )
+    assert preflight.status == 204
+    assert preflight.headers["Access-Control-Allow-Origin"] == app_origin
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+    assert "Content-Type" in preflight.headers["Access-Control-Allow-Headers"]
+    r = await client.post("/agentik/conversations", json={}, headers={"Origin": app_origin})
+    assert r.status == 201 and r.headers["Access-Control-Allow-Origin"] == app_origin
+    cid = (await r.json())["id"]
+    stream = await client.get(
+        f"/agentik/conversations/{cid}/events", headers={"Origin": app_origin}
+    )
+    assert stream.headers["Access-Control-Allow-Origin"] == app_origin  # SSE too
+    stream.close()
+    other = await client.get("/health", headers={"Origin": "https://evil.example"})
+    assert "Access-Control-Allow-Origin" not in other.headers
+
+
+async def test_no_server_version_header(aiohttp_client):
+    client = await aiohttp_client(make_app())
+    for path in ("/health", "/agentik/nothing"):
+        assert "Server" not in (await client.get(path)).headers
+
+
+def test_bind_address_defaults_and_refusals():
+    def settings(**env):
+        base = {
+            "AGENTIK_API_KEY": None,
+            "AGENTIK_HOST": None,
+            "AGENTIK_ALLOW_UNAUTHENTICATED": False,
+        }
+        return {**base, **env}
+
+    assert security.bind_host(settings()) == "127.0.0.1"
+    assert security.bind_host(settings(AGENTIK_API_KEY=(KEY,))) == "0.0.0.0"
+    assert security.bind_host(settings(AGENTIK_HOST="::1")) == "::1"
+    with pytest.raises(ValueError, match=r"AGENTIK_API_KEY.*AGENTIK_ALLOW_UNAUTHENTICATED"):
+        security.bind_host(settings(AGENTIK_HOST="0.0.0.0"))
+    allowed = settings(AGENTIK_HOST="0.0.0.0", AGENTIK_ALLOW_UNAUTHENTICATED=True)
+    assert security.bind_host(allowed) == "0.0.0.0"
+
+
+def test_api_keys_from_a_list_or_a_file(tmp_path):
+    assert security.parse_api_keys(f"{KEY}, {OTHER_KEY}") == (KEY, OTHER_KEY)
+    keys = tmp_path / "keys"
+    keys.write_text(f"# the team's keys\n{KEY}\n\n{OTHER_KEY}\n")
+    assert security.parse_api_keys(f"@{keys}") == (KEY, OTHER_KEY)
+    with pytest.raises(ValueError, match="at least 16"):
+        security.parse_api_keys("short")
+    with pytest.raises(ValueError, match="cannot read"):
+        security.parse_api_keys(f"@{tmp_path / 'missing'}")
+    with pytest.raises(SettingsError, match=r"AGENTIK_API_KEY=\*\*\* is invalid"):
+        make_app(env={"AGENTIK_API_KEY": "short"})  # a secret is never echoed
+
+
+def test_serve_refuses_to_expose_the_agent_without_a_key(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "AGENTIK_HOST": "0.0.0.0", "AGENTIK_LLM_BACKEND": "openai"}
+    out = subprocess.run(
+        [str(BIN / "agentik"), "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "AGENTIK_HOST='0.0.0.0' would expose the agent without a key" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+async def test_the_banner_names_the_bound_address_and_the_key(serve, fake_openai_proc):
+    env = {
+        "OPENAI_BASE_URL": fake_openai_proc,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_MODEL": "fake",
+        "AGENTIK_API_KEY": KEY,
+    }
+    proc, base = serve(env)
+    banner = proc.wait_output("tokens:")
+    first = next(line for line in banner.splitlines() if line.startswith("agentik listening"))
+    assert first == f"agentik listening on {base} (this machine only; API key required (1 key))"
