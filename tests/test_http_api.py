@@ -148,7 +148,7 @@ async def test_bad_messages_get_400_and_change_nothing(client, db_path, raw, mes
         ("post", "/agentik/conversations", [1], 400),
         ("patch", "/agentik/conversations/{cid}", {"name": "x"}, 400),
         ("patch", "/agentik/conversations/{cid}", {"title": "x" * 1001}, 400),
-        ("get", "/agentik/conversations/{cid}/messages?after=nope", None, 400),
+        ("get", "/agentik/conversations/{cid}/messages?after=nope", None, 404),
         ("get", "/agentik/conversations/{cid}/messages?limit=x", None, 400),
         ("get", "/agentik/conversations/{cid}/events?after=abc", None, 400),
         ("get", "/agentik/conversations/unknown", None, 404),

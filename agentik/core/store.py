@@ -17,7 +17,7 @@ from typing import Any, cast
 from agentik.core import models
 from agentik.core.db import Database
 from agentik.core.llm import HistoryItem
-from agentik.core.types import ConversationInfo, InvalidInput, Message, MessageKind
+from agentik.core.types import ConversationInfo, Message, MessageKind, UnknownReference
 
 
 def utcnow() -> datetime:
@@ -358,7 +358,7 @@ class SqliteStore(Store):
                     (after, conversation_id),
                 ).fetchone()
                 if row is None:
-                    raise InvalidInput(f"after: no message {after!r} in this conversation")
+                    raise UnknownReference(f"after: no message {after!r} in this conversation")
                 after_seq = row[0]
             rows = self.db.execute(
                 "SELECT id, kind, created_at, payload_json FROM message "
@@ -575,7 +575,7 @@ class MemoryStore(Store):
         if after is not None:
             ids = [m.id for m in msgs]
             if after not in ids:
-                raise InvalidInput(f"after: no message {after!r} in this conversation")
+                raise UnknownReference(f"after: no message {after!r} in this conversation")
             msgs = msgs[ids.index(after) + 1 :]
         return msgs[offset : offset + limit]
 

@@ -19,6 +19,11 @@ class InvalidInput(ValueError):
     """Raised for user input that breaks the protocol; transports answer it with a 400."""
 
 
+class UnknownReference(InvalidInput):
+    """Well-formed input naming something that does not exist (a message id to page after);
+    transports answer it with a 404."""
+
+
 # --- content -------------------------------------------------------------------------------
 
 

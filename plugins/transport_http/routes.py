@@ -16,11 +16,13 @@ from agentik.core.types import (
     ConversationInfo,
     InvalidInput,
     MessageContext,
+    UnknownReference,
     content_from_json,
 )
 from agentik_transport_http.sse import StreamHub, resume_point
 
 HUB = web.AppKey("agentik.http.streams", StreamHub)
+OPENAPI = web.AppKey("agentik.http.openapi", dict[str, str])
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 MAX_TITLE = 1000
@@ -108,6 +110,8 @@ async def conversation_or_404(request: web.Request) -> ChatConversation:
 async def invalid_input_as_400(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)  # type: ignore[no-any-return]
+    except UnknownReference as e:
+        return error_response(404, "not_found", str(e))
     except InvalidInput as e:
         return bad_request(str(e))
 
@@ -249,14 +253,28 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
 
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
+    cache = request.app[OPENAPI]  # built at the first request: the model has started by then
+    if "text" not in cache:
+        cache["text"] = served_document(request.app[AGENT])
+    return web.Response(text=cache["text"], content_type="application/json")
+
+
+def served_document(agent: ChatAgent) -> str:
+    """openapi.json as this server accepts it: without image input parts when the model
+    takes no images (so every send the document allows is one the server takes)."""
     text = resources.files("agentik_transport_http").joinpath("openapi.json").read_text()
-    return web.Response(text=text, content_type="application/json")
+    if (agent.llm.capabilities or {}).get("image_input"):
+        return text
+    doc = json.loads(text)
+    doc["components"]["schemas"]["InputPart"]["oneOf"] = [{"$ref": "#/components/schemas/TextPart"}]
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
 def make_subapp(agent: ChatAgent, heartbeat: float, linger: float = 0.0) -> web.Application:
     sub = web.Application(middlewares=[invalid_input_as_400])
     sub[AGENT] = agent
     hub = sub[HUB] = StreamHub(heartbeat, linger)
+    sub[OPENAPI] = {}
     sub.add_routes(routes)
 
     async def close_hub(app: web.Application) -> None:

@@ -41,12 +41,18 @@ def encode(item: StreamItem) -> bytes:
 
 
 def resume_point(request: web.Request) -> int | None:
-    """Where a client resumes: the ``Last-Event-ID`` header, else ``?after=``, else now."""
-    raw = request.headers.get("Last-Event-ID") or request.query.get("after")
+    """Where a client resumes: the ``Last-Event-ID`` header, else ``?after=``, else now. Both
+    are checked when both are given."""
+    header = _event_id("Last-Event-ID", request.headers.get("Last-Event-ID"))
+    query = _event_id("after", request.query.get("after"))
+    return header if header is not None else query
+
+
+def _event_id(name: str, raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
     if not raw.isascii() or not raw.isdigit() or len(raw) > 20:
-        raise InvalidInput(f"Last-Event-ID/after must be an event id, got {raw[:40]!r}")
+        raise InvalidInput(f"{name} must be an event id, got {raw[:40]!r}")
     return int(raw)
 
 
