@@ -129,7 +129,7 @@ async def test_tool_loop_records_linked_pairs_and_feeds_results_back(make_agent)
         ("refuse", "{}", "Error: not allowed"),
         ("missing", "{}", "Error: unknown tool 'missing'"),
         ("add", "{not json", "Error: arguments are not valid JSON"),
-        ("add", '{"a": 1}', "Error: bad arguments for add"),
+        ("add", '{"a": 1}', "Error: invalid arguments for add: 'b' is a required property"),
     ],
 )
 async def test_a_failing_tool_gives_an_error_result_not_a_dead_turn(

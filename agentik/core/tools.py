@@ -3,6 +3,10 @@
 A tool's function takes the decoded JSON arguments as keyword arguments and returns text
 (anything else is JSON-encoded). ``async def`` functions are awaited; plain functions run on
 the event loop, so a tool doing blocking I/O should be ``async`` or use a thread itself.
+
+Arguments are checked against the tool's JSON schema first (a validator compiled once per
+tool): a model that passes ``{"sides": "six"}`` gets an error result saying what was expected,
+and the tool never sees it.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool] = (), *, timeout: float | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self._validators: dict[str, Any] = {}  # tool name -> compiled validator (None: no check)
         self.timeout = timeout  # seconds an async tool may take before it gives an error
         for t in tools:
             self.add(t)
@@ -127,6 +132,9 @@ class ToolRegistry:
             return f"Error: arguments are not valid JSON ({e})", True
         if not isinstance(args, dict):
             return "Error: arguments must be a JSON object", True
+        problem = self._check(t, args)
+        if problem:
+            return f"Error: invalid arguments for {name}: {problem}", True
         try:
             result = t.fn(**args)
             if inspect.isawaitable(result):
@@ -144,3 +152,32 @@ class ToolRegistry:
         if isinstance(result, str):
             return result, False
         return json.dumps(result, ensure_ascii=False, default=str), False
+
+    def _check(self, t: Tool, args: dict[str, Any]) -> str | None:
+        """What is wrong with ``args`` for this tool's schema, in words the model can act on."""
+        if t.name not in self._validators:
+            self._validators[t.name] = _compile(t)
+        validator = self._validators[t.name]
+        if validator is None:
+            return None
+        errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+        if not errors:
+            return None
+        return "; ".join(_describe(e) for e in errors[:3])
+
+
+def _compile(t: Tool) -> Any:
+    import jsonschema  # imported at the first tool call, not at start-up
+
+    try:
+        cls = jsonschema.validators.validator_for(t.spec.parameters)
+        cls.check_schema(t.spec.parameters)
+    except jsonschema.SchemaError as e:
+        log.warning("tool %s has an invalid JSON schema, arguments are not checked: %s", t.name, e)
+        return None
+    return cls(t.spec.parameters)
+
+
+def _describe(error: Any) -> str:
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else str(error.message)
