@@ -456,6 +456,29 @@ def run_cli(author_site: Path, *args: str, **env: str) -> subprocess.CompletedPr
     )
 
 
+async def test_a_failing_turn_hook_loses_only_its_own_contribution(author_plugins, caplog):
+    from agentik.core.app import AGENT, create_app
+    from agentik.core.testing import ScriptedLLM
+    from agentik.core.types import TextPart
+
+    plugins = author_plugins("at_broken_turn", "at_context")
+    llm = ScriptedLLM()
+    app = create_app(load_settings(plugins, {"AGENTIK_DB_PATH": ":memory:"}), plugins, llm=llm)
+    agent = app[AGENT]
+    await agent.open()
+    try:
+        conv = await agent.create_conversation()
+        await conv.send([TextPart("cats")])
+        await conv.wait_idle()
+        await agent.jobs.wait_idle()
+        assert llm.received[0][0].text == "[context for cats]\n\ncats"
+        assert agent.state["at_context"] == ["cats"]  # the working after_turn ran
+        assert "before_turn of plugin at_broken_turn failed" in caplog.text
+        assert "after_turn of plugin at_broken_turn failed" in caplog.text
+    finally:
+        await agent.close()
+
+
 def test_an_async_def_hook_is_refused_naming_plugin_hook_and_fix(author_plugins):
     plugins = author_plugins("at_async")
     info = plugins.infos["at_async"]
