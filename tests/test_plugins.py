@@ -658,3 +658,34 @@ def test_trace_plugins_traces_the_register_hooks_too(author_plugins, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert "register_settings(register) -> [agentik.core]" in lines
     assert "register_llm_backends(register) -> [at_routes]" in lines
+
+
+def test_an_undeclared_agentik_variable_gets_one_warning_with_the_closest_name(serve):
+    """Issue #7, settings hygiene: a migrated configuration never silently loses a feature."""
+    proc, _ = serve(
+        {
+            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+            "OPENAI_API_KEY": "k",
+            "OPENAI_MODEL": "m",
+            "AGENTIK_SYSTEM_PROMT": "You are Ada.",  # a typo
+            "AGENTIK_RETIRED_FEATURE": "1",  # no loaded plugin reads it
+        }
+    )
+    output = proc.wait_output("agentik listening")
+    typo = (
+        "AGENTIK_SYSTEM_PROMT is set but no loaded plugin declares it "
+        "(did you mean AGENTIK_SYSTEM_PROMPT?); it is ignored"
+    )
+    assert output.count(typo) == 1
+    assert output.count("AGENTIK_RETIRED_FEATURE is set but no loaded plugin declares it") == 1
+    assert "AGENTIK_PORT is set" not in output  # declared ones are quiet
+
+
+def test_undeclared_variables_only_looks_at_agentik_variables():
+    from agentik.core.settings import undeclared_variables
+
+    env = {"AGENTIK_PORT": "1", "AGENTIK_PROT": "2", "HOME": "/root", "OPENAI_MODLE": "x"}
+    assert undeclared_variables(["AGENTIK_PORT", "OPENAI_MODEL"], env) == [
+        "AGENTIK_PROT is set but no loaded plugin declares it (did you mean AGENTIK_PORT?); "
+        "it is ignored"
+    ]
