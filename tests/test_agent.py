@@ -340,9 +340,9 @@ async def test_agent_events_report_conversation_changes(make_agent):
     seen: list[tuple[str, str]] = []
 
     async def watch() -> None:
-        async for item in agent.events():
-            seen.append((item.event.kind, item.event.conversation_id))
-            if item.event.kind == "ConversationDeleted":
+        async for event in agent.events():
+            seen.append((event.kind, event.conversation_id))
+            if event.kind == "ConversationDeleted":
                 return
 
     watcher = asyncio.ensure_future(watch())

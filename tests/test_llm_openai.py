@@ -765,9 +765,9 @@ async def run_turn(conv: Any, text: str) -> list[Any]:
     events = conv.events()
     await conv.send([TextPart(text)])
     out = []
-    async for item in events:
-        out.append(item.event)
-        if isinstance(item.event, End):
+    async for event in events:
+        out.append(event)
+        if isinstance(event, End):
             return out
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any
 
 from agentik.core.conversation import (
@@ -20,6 +20,7 @@ from agentik.core.conversation import (
     PromptSection,
     error_record,
     new_id,
+    unwrap_events,
 )
 from agentik.core.events import EventLog, StreamItem
 from agentik.core.jobs import JobRunner
@@ -27,7 +28,7 @@ from agentik.core.llm import HistoryItem, LLMBackend
 from agentik.core.plugins import call_each
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
-from agentik.core.types import AgentEvent, ConversationInfo
+from agentik.core.types import AgentEvent, ConversationInfo, Event
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 
@@ -177,8 +178,14 @@ class ChatAgent:
     async def count_conversations(self) -> int:
         return await self.store.count_conversations()
 
-    def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
-        return self._events.subscribe(after)
+    def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
+        """Agent-level events (``AgentEvent``: a conversation created, updated, deleted, a turn
+        started or ended) after ``after``; None: from this call on."""
+        return unwrap_events(self.event_items(after))
+
+    def event_items(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
+        """:meth:`events` with their sequence ids, for transports."""
+        return self._events.subscribe(self._events.last_seq if after is None else after)
 
     def event_batches(
         self, after: int | None = None, linger: float = 0.0

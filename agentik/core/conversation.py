@@ -70,6 +70,25 @@ def error_record(conversation_id: str, user_id: str, message: str, code: str | N
     )
 
 
+async def _flatten(
+    batches: AsyncGenerator[list[StreamItem], None],
+) -> AsyncGenerator[StreamItem, None]:
+    try:
+        async for batch in batches:
+            for item in batch:
+                yield item
+    finally:
+        await batches.aclose()  # now, not when the garbage collector gets to it
+
+
+async def unwrap_events(items: AsyncGenerator[StreamItem, None]) -> AsyncGenerator[Event, None]:
+    try:
+        async for item in items:
+            yield item.event
+    finally:
+        await items.aclose()
+
+
 class ConversationClosed(Exception):
     """The conversation was deleted or closed; it takes no more messages."""
 
@@ -192,15 +211,25 @@ class ChatConversation:
         task.cancel()
         return True
 
-    async def events(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
-        """Live events after the sequence id ``after`` (None: from now on)."""
-        batches = self.event_batches(after)
-        try:
-            async for batch in batches:
-                for item in batch:
-                    yield item
-        finally:
-            await batches.aclose()
+    def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
+        """The live events themselves (``StartResponse``, ``AppendText``…, ``End``) after the
+        sequence id ``after``; None: from this call on, not from the first read, so a reader
+        made before a send misses nothing of its turn::
+
+            events = conv.events()
+            await conv.send([TextPart("hello")])
+            async for event in events:
+                if event.type == "End":
+                    break
+        """
+        return unwrap_events(self.event_items(after))
+
+    def event_items(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
+        """:meth:`events` with their sequence ids (``StreamItem(seq, event)``), for transports
+        that let a client resume after the last id it saw."""
+        if after is None and not self._evicted:
+            after = self._events.last_seq
+        return _flatten(self.event_batches(after))
 
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0
