@@ -220,6 +220,29 @@ def create_app(
     return app
 
 
+@contextlib.asynccontextmanager
+async def running(app: web.Application) -> AsyncIterator[ChatAgent]:
+    """Start ``app``'s agent as ``agentik serve`` does (the LLM backend, the database, the
+    services, the jobs) without listening anywhere, and stop it cleanly on exit: running turns
+    are interrupted, event streams end, the services and the database are closed. For embedding
+    the agent in a Python program::
+
+        async with running(create_app()) as agent:
+            conv = await agent.create_conversation()
+    """
+    app.freeze()
+    try:
+        await app.startup()
+    except BaseException:
+        await app.cleanup()
+        raise
+    try:
+        yield app[AGENT]
+    finally:
+        await app.shutdown()
+        await app.cleanup()
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     agent, settings, plugins = app[AGENT], app[SETTINGS], app[PLUGINS]
     services = contextlib.AsyncExitStack()
