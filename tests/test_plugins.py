@@ -196,7 +196,10 @@ def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
     ).stdout.strip()
     # agentik and its dependencies come from this environment; the plugin is installed for real
     ours = [p for p in sys.path if p.endswith("site-packages")]
-    Path(site, "parent_env.pth").write_text("\n".join(ours) + "\n")
+    # (as site dirs, so their own .pth files, agentik's editable install among them, work too)
+    Path(site, "parent_env.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
+    )
     subprocess.run(
         [
             sys.executable,
@@ -689,3 +692,95 @@ def test_undeclared_variables_only_looks_at_agentik_variables():
         "AGENTIK_PROT is set but no loaded plugin declares it (did you mean AGENTIK_PORT?); "
         "it is ignored"
     ]
+
+
+# --- what plugin authors get: composition, state, single-file plugins, fixtures --------------
+
+
+class Guarded:
+    """A backend plugin that wraps another registered backend, chosen by name."""
+
+    @hookimpl
+    def register_settings(self, register):
+        register(Setting("GUARD_INNER_BACKEND", "scripted", str, "Backend the guard wraps."))
+
+    @hookimpl
+    def register_llm_backends(self, register):
+        def make_guard(settings, backends):
+            inner = backends.create(settings["GUARD_INNER_BACKEND"], settings)
+            inner.description = f"guarded {inner.description}"
+            return inner
+
+        register("guard", make_guard)
+
+
+class Scripted:
+    @hookimpl
+    def register_llm_backends(self, register):
+        from agentik.core.testing import ScriptedLLM
+
+        register("scripted", lambda settings: ScriptedLLM(["inner answer"]))
+
+
+def test_a_backend_wraps_another_registered_backend_by_name():
+    plugins = test_plugins([("guard", Guarded()), ("scripted", Scripted())], builtins=[])
+    llm = select_llm(plugins, load_settings(plugins, {"AGENTIK_LLM_BACKEND": "guard"}))
+    assert llm.description == "guarded scripted" and llm.steps == [["inner answer"]]
+    looping = load_settings(
+        plugins, {"AGENTIK_LLM_BACKEND": "guard", "GUARD_INNER_BACKEND": "guard"}
+    )
+    with pytest.raises(
+        StartupError, match="llm backends wrap each other in a loop: guard -> guard"
+    ):
+        select_llm(plugins, looping)
+
+
+DICE = '''
+from agentik import hookimpl
+from agentik.core.settings import Setting, parse_positive_int
+from agentik.core.tools import ToolError, tool
+
+
+@hookimpl
+def register_settings(register):
+    register(Setting("DICE_MAX_SIDES", 100, parse_positive_int, "Largest die."))
+
+
+@hookimpl
+def register_tools(register, settings):
+    @tool
+    def roll(sides: int) -> str:
+        """Roll a die."""
+        if sides > settings["DICE_MAX_SIDES"]:
+            raise ToolError(f"at most {settings['DICE_MAX_SIDES']} sides")
+        return str(sides)
+
+    register(roll)
+'''
+
+
+def test_single_file_plugins_from_agentik_plugins_dir(tmp_path):
+    import json
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "dice.py").write_text(DICE)
+    (folder / "broken.py").write_text("raise RuntimeError('half written')")
+    (folder / "notes.txt").write_text("not a plugin")
+    env = {"AGENTIK_LOAD_PLUGINS": "none", "AGENTIK_PLUGINS_DIR": str(folder)}
+    plugins = make_plugins(env=env)
+    assert plugins.infos["dice"].status == "ok"
+    assert plugins.infos["dice"].hooks == ["register_settings", "register_tools"]
+    assert plugins.infos["broken"].status == "failed"
+    assert "half written" in plugins.infos["broken"].error
+    assert "notes" not in plugins.infos
+    assert load_settings(plugins, {"DICE_MAX_SIDES": "20"})["DICE_MAX_SIDES"] == 20
+    listing = run_cli(tmp_path, "plugins", "--json", **env)
+    report = {p["name"]: p for p in json.loads(listing.stdout)["plugins"]}
+    assert report["dice"]["dist"] == str(folder / "dice.py")
+    assert [s["name"] for s in report["dice"]["settings"]] == ["DICE_MAX_SIDES"]
+    text = run_cli(tmp_path, "plugins", **env).stdout
+    assert f"dice ({folder / 'dice.py'}) [ok]" in text
+    missing = run_cli(tmp_path, "serve", AGENTIK_PLUGINS_DIR=str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    assert "AGENTIK_PLUGINS_DIR=" in missing.stderr and "is not a folder" in missing.stderr

@@ -298,6 +298,8 @@ def plugins_command(as_json: bool) -> int:
         return 0
     for p in report:
         version = f" {p['version']}" if p["version"] else ""
+        if p["dist"] and p["dist"].endswith(".py"):  # a single-file plugin: where it is
+            version += f" ({p['dist']})"
         why = f": {p['error']}" if p["error"] else (f" by {p['reason']}" if p["reason"] else "")
         print(f"{p['name']}{version} [{p['status']}]{why}")
         if p["hooks"]:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import importlib.util
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -27,7 +30,7 @@ from pluggy import HookCaller, HookImpl, Result
 
 from agentik import hookspecs
 from agentik.core import builtin
-from agentik.core.settings import Settings
+from agentik.core.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +226,35 @@ class Plugins:
                     f"{variable}: no installed plugin is called {name!r}{closest(name, known)}"
                 )
 
+    def load_dir(self, folder: Path, *, block: Iterable[str] = (), strict: bool = False) -> None:
+        """Every ``*.py`` of ``folder`` as a plugin named after its file (datasette's
+        ``--plugins-dir``): for a plugin too small to package."""
+        if not folder.is_dir():
+            raise SettingsError(f"AGENTIK_PLUGINS_DIR={str(folder)!r} is not a folder")
+        blocked = set(block)
+        for path in sorted(folder.glob("*.py")):
+            name = path.stem
+            if name in blocked:
+                self.infos[name] = PluginInfo(
+                    name, "blocked", str(path), reason="AGENTIK_DISABLE_PLUGINS"
+                )
+                continue
+            module_name = f"agentik_plugins_dir.{name}"
+            try:
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
+            except Exception as e:
+                sys.modules.pop(module_name, None)
+                if strict:
+                    raise PluginError(name, "import", e) from e
+                log.warning("plugin %s failed to import and is skipped: %s", path, e)
+                self.infos[name] = PluginInfo(name, "failed", str(path), None, _error(e))
+                continue
+            self.add(module, name, dist=str(path), strict=strict)
+
     def _leave_out(
         self, ep: Any, status: str, variable: str, dist: str | None, version: str | None
     ) -> None:
@@ -262,6 +294,10 @@ class Plugins:
         return None
 
 
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
 def closest(name: str, candidates: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the closest candidate, or ``""``."""
     match = difflib.get_close_matches(name, list(candidates), n=1)
@@ -277,8 +313,9 @@ def make_plugins(
     """Build a fresh manager: the core, the ``agentik`` entry points, then ``extra`` plugins.
 
     ``AGENTIK_LOAD_PLUGINS`` / ``AGENTIK_DISABLE_PLUGINS`` (comma lists of entry points or
-    distributions; ``none`` loads no entry point) and ``AGENTIK_STRICT_PLUGINS`` are parsed
-    here, with the core's declared parsers, because they decide which settings exist at all.
+    distributions; ``none`` loads no entry point), ``AGENTIK_PLUGINS_DIR`` (single-file
+    plugins, loaded whatever ``AGENTIK_LOAD_PLUGINS`` says) and ``AGENTIK_STRICT_PLUGINS`` are
+    parsed here, with the core's declared parsers, because they decide which settings exist.
     """
     plugins = Plugins()
     if load_entrypoints:
@@ -289,6 +326,12 @@ def make_plugins(
             block=switches["AGENTIK_DISABLE_PLUGINS"],
             strict=switches["AGENTIK_STRICT_PLUGINS"],
         )
+        if switches["AGENTIK_PLUGINS_DIR"] is not None:
+            plugins.load_dir(
+                switches["AGENTIK_PLUGINS_DIR"],
+                block=switches["AGENTIK_DISABLE_PLUGINS"],
+                strict=switches["AGENTIK_STRICT_PLUGINS"],
+            )
         if switches["AGENTIK_TRACE_PLUGINS"]:
             plugins.trace()
     for name, plugin in extra:
