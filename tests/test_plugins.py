@@ -263,6 +263,16 @@ def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
         },
     ).stdout.splitlines()
     assert out == ["['user', 'tool_call', 'tool_result', 'assistant']", ">HI"]
+    # its own tests, as its author runs them: agentik's pytest plugin brings the fixtures
+    tests = subprocess.run(
+        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT / "examples" / "agentik-llm-echo",
+    )
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "4 passed" in tests.stdout
 
 
 def test_trace_plugins_logs_hook_calls(caplog):
@@ -784,3 +794,32 @@ def test_single_file_plugins_from_agentik_plugins_dir(tmp_path):
     missing = run_cli(tmp_path, "serve", AGENTIK_PLUGINS_DIR=str(tmp_path / "nope"))
     assert missing.returncode == 2
     assert "AGENTIK_PLUGINS_DIR=" in missing.stderr and "is not a folder" in missing.stderr
+
+
+async def test_the_pytest_plugin_fixtures_run_a_plugin_like_an_author_would(
+    agentik_agent, scripted_llm
+):
+    """agentik_agent / scripted_llm come from agentik's pytest11 entry point, not conftest."""
+    import importlib.util
+
+    from agentik.core.llm import ToolCallRequest
+    from agentik.core.testing import run_turn
+
+    spec = importlib.util.spec_from_loader("dice_fixture_test", loader=None)
+    dice = importlib.util.module_from_spec(spec)
+    exec(DICE, dice.__dict__)
+    scripted_llm.steps = [
+        [ToolCallRequest("c1", "roll", '{"sides": "six"}')],
+        [ToolCallRequest("c2", "roll", '{"sides": 60}')],
+        ["You rolled."],
+    ]
+    agent = await agentik_agent(plugins=[("dice", dice)], env={"DICE_MAX_SIDES": "20"})
+    turn = await run_turn(agent, "roll a d6")
+    results = [e.text for e in turn.events if e.type == "ToolResult"]
+    assert results == [
+        "Error: invalid arguments for roll: sides: 'six' is not of type 'integer'",
+        "Error: at most 20 sides",
+    ]
+    assert turn.text == "You rolled."
+    assert [m.kind for m in turn.history][-1] == "assistant"
+    assert agent.state == {}  # the documented per-app place for plugin state starts empty
