@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentik.core.events import EventLog, StreamItem
+from agentik.core.events import EventLog, StreamItem, flatten
 from agentik.core.llm import (
     HistoryItem,
     LLMConversation,
@@ -68,17 +68,6 @@ def error_record(conversation_id: str, user_id: str, message: str, code: str | N
         utcnow(),
         {"message": message, "code": code, "userMessageId": user_id},
     )
-
-
-async def _flatten(
-    batches: AsyncGenerator[list[StreamItem], None],
-) -> AsyncGenerator[StreamItem, None]:
-    try:
-        async for batch in batches:
-            for item in batch:
-                yield item
-    finally:
-        await batches.aclose()  # now, not when the garbage collector gets to it
 
 
 async def unwrap_events(items: AsyncGenerator[StreamItem, None]) -> AsyncGenerator[Event, None]:
@@ -229,7 +218,7 @@ class ChatConversation:
         that let a client resume after the last id it saw."""
         if after is None and not self._evicted:
             after = self._events.last_seq
-        return _flatten(self.event_batches(after))
+        return flatten(self.event_batches(after))
 
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0
