@@ -183,23 +183,33 @@ def test_builtin_plugins_import_no_heavy_module():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
-    """pip-install examples/agentik-llm-echo into a throwaway venv and use it."""
+def throwaway_venv(tmp_path: Path) -> tuple[Path, str]:
+    """A venv whose agentik and dependencies come from this environment: ``(venv, its
+    site-packages)``; what a test installs into it is installed for real."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    py = venv / "bin" / "python"
     site = subprocess.run(
-        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    # agentik and its dependencies come from this environment; the plugin is installed for real
+    # as site dirs, so their own .pth files (agentik's editable install among them) work too
     ours = [p for p in sys.path if p.endswith("site-packages")]
-    # (as site dirs, so their own .pth files, agentik's editable install among them, work too)
     Path(site, "parent_env.pth").write_text(
         "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
     )
+    return venv, site
+
+
+def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
+    """pip-install examples/agentik-llm-echo into a throwaway venv and use it."""
+    venv, site = throwaway_venv(tmp_path)
+    py = venv / "bin" / "python"
     subprocess.run(
         [
             sys.executable,

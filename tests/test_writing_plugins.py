@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.test_plugins import throwaway_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "writing_plugins.md"
@@ -21,20 +22,9 @@ def guide_blocks() -> list[tuple[str, str, bool]]:
     return [(lang, code, not skip) for skip, lang, code in BLOCK.findall(GUIDE.read_text())]
 
 
-def throwaway_venv(tmp_path: Path) -> Path:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+def venv_with_agentik(tmp_path: Path) -> Path:
+    venv, _ = throwaway_venv(tmp_path)
     py = venv / "bin" / "python"
-    site = subprocess.run(
-        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    ours = [p for p in sys.path if p.endswith("site-packages")]
-    Path(site, "parent_env.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
-    )
     # what `pip install agentik` would have put on PATH; pip works offline on what is here
     (venv / "bin" / "agentik").write_text(f'#!/bin/sh\nexec {py} -m agentik "$@"\n')
     (venv / "bin" / "pip").write_text(
@@ -62,7 +52,7 @@ def matches(expected: str, output: str) -> bool:
 def test_the_guide_is_a_tutorial_that_runs(tmp_path):
     blocks = guide_blocks()
     assert any(lang == "python" and code.startswith("# file: tests/") for lang, code, _ in blocks)
-    venv = throwaway_venv(tmp_path)
+    venv = venv_with_agentik(tmp_path)
     project = tmp_path / "agentik-dice"
     project.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
