@@ -96,7 +96,8 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool] = (), *, timeout: float | None = None) -> None:
         self._tools: dict[str, Tool] = {}
-        self._validators: dict[str, Any] = {}  # tool name -> compiled validator (None: no check)
+        #: tool name -> (compiled validator or None: no check, its fast path for flat schemas)
+        self._validators: dict[str, tuple[Any, Callable[[dict[str, Any]], bool] | None]] = {}
         self.timeout = timeout  # seconds an async tool may take before it gives an error
         for t in tools:
             self.add(t)
@@ -157,8 +158,8 @@ class ToolRegistry:
         """What is wrong with ``args`` for this tool's schema, in words the model can act on."""
         if t.name not in self._validators:
             self._validators[t.name] = _compile(t)
-        validator = self._validators[t.name]
-        if validator is None:
+        validator, quick = self._validators[t.name]
+        if validator is None or (quick is not None and quick(args)):
             return None
         errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
         if not errors:
@@ -166,16 +167,65 @@ class ToolRegistry:
         return "; ".join(_describe(e) for e in errors[:3])
 
 
-def _compile(t: Tool) -> Any:
+def _compile(t: Tool) -> tuple[Any, Callable[[dict[str, Any]], bool] | None]:
+    """The tool's jsonschema validator, and for the flat schemas ``@tool`` makes a plain check
+    that says "valid" exactly when jsonschema would, at a tenth of its cost (jsonschema's
+    walk costs tens of µs per call; it is still what explains a failure)."""
     import jsonschema  # imported at the first tool call, not at start-up
 
+    schema = t.spec.parameters
     try:
-        cls = jsonschema.validators.validator_for(t.spec.parameters)
-        cls.check_schema(t.spec.parameters)
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         log.warning("tool %s has an invalid JSON schema, arguments are not checked: %s", t.name, e)
+        return None, None
+    return cls(schema), _flat_check(schema)
+
+
+def _is_integer(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (
+        isinstance(v, float) and v.is_integer()
+    )
+
+
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": _is_integer,
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _flat_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """For ``{"type": "object", "properties": {name: {"type": T}}, "required": [...]}`` and
+    nothing more: a check of exactly that; None for any other schema."""
+    if set(schema) - {"type", "properties", "required", "description", "title"}:
         return None
-    return cls(t.spec.parameters)
+    if schema.get("type", "object") != "object":
+        return None
+    properties = schema.get("properties", {})
+    checks = {}
+    for name, prop in properties.items():
+        if not isinstance(prop, dict) or set(prop) - {"type", "description", "title"}:
+            return None
+        check = (
+            _TYPE_CHECKS.get(prop.get("type", "")) if isinstance(prop.get("type"), str) else None
+        )
+        if check is None:
+            return None
+        checks[name] = check
+    required = tuple(schema.get("required", ()))
+
+    def valid(args: dict[str, Any]) -> bool:
+        return all(name in args for name in required) and all(
+            check(args[name]) for name, check in checks.items() if name in args
+        )
+
+    return valid
 
 
 def _describe(error: Any) -> str:
