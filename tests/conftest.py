@@ -57,9 +57,9 @@ async def collect_turn(conv: Any, after: int | None = None, timeout: float = 10)
     out = []
 
     async def run() -> None:
-        async for item in conv.events(after):
-            out.append(item.event)
-            if item.event.type == "End":
+        async for event in conv.events(after):
+            out.append(event)
+            if event.type == "End":
                 return
 
     await asyncio.wait_for(run(), timeout)

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from agentik import hookimpl
 from agentik.core.agent import ConversationClosed
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, ToolResultInput, Usage
-from agentik.core.testing import ScriptedLLM
+from agentik.core.testing import ScriptedLLM, test_plugins
 from agentik.core.tools import ToolError, tool
 from agentik.core.types import ImagePart, InvalidInput, MessageContext, TextPart
 from tests.conftest import collect_turn
@@ -129,7 +130,7 @@ async def test_tool_loop_records_linked_pairs_and_feeds_results_back(make_agent)
         ("refuse", "{}", "Error: not allowed"),
         ("missing", "{}", "Error: unknown tool 'missing'"),
         ("add", "{not json", "Error: arguments are not valid JSON"),
-        ("add", '{"a": 1}', "Error: bad arguments for add"),
+        ("add", '{"a": 1}', "Error: invalid arguments for add: 'b' is a required property"),
     ],
 )
 async def test_a_failing_tool_gives_an_error_result_not_a_dead_turn(
@@ -339,9 +340,9 @@ async def test_agent_events_report_conversation_changes(make_agent):
     seen: list[tuple[str, str]] = []
 
     async def watch() -> None:
-        async for item in agent.events():
-            seen.append((item.event.kind, item.event.conversation_id))
-            if item.event.kind == "ConversationDeleted":
+        async for event in agent.events():
+            seen.append((event.kind, event.conversation_id))
+            if event.kind == "ConversationDeleted":
                 return
 
     watcher = asyncio.ensure_future(watch())
@@ -493,15 +494,13 @@ async def test_a_conversation_being_deleted_cannot_be_reloaded(make_agent):
 
 
 async def test_a_raising_after_turn_hook_does_not_touch_the_recorded_turn(make_agent):
-    class Hooks:
-        def before_turn(self, conversation, text):
-            return []
-
+    class Review:
+        @hookimpl
         def after_turn(self, conversation, user_text, assistant_text):
             raise RuntimeError("review is down")
 
     llm = ScriptedLLM(["fine"])
-    agent = await make_agent(llm, hooks=Hooks())
+    agent = await make_agent(llm, hooks=test_plugins([("review", Review())], builtins=[]).hook)
     conv = await agent.create_conversation()
     events = asyncio.ensure_future(collect_turn(conv))
     await asyncio.sleep(0)

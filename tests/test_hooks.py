@@ -283,7 +283,7 @@ async def test_hook_register_services(aiohttp_client):
 
     from aiohttp.test_utils import TestServer
 
-    from agentik.core.app import StartupError
+    from agentik.core.plugins import PluginError
 
     log: list[str] = []
 
@@ -316,7 +316,10 @@ async def test_hook_register_services(aiohttp_client):
 
             register("broken", nope)
 
-    with pytest.raises(StartupError, match="service 'broken' failed to start: no such server"):
+    with pytest.raises(
+        PluginError,
+        match="plugin b: starting service 'broken' failed: RuntimeError: no such server",
+    ):
         await TestServer(make_app(plugins=[("b", Broken())])).start_server()
 
 

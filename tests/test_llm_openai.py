@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -755,10 +754,8 @@ def test_registered_backend_and_banner() -> None:
         8192,
     )
     assert llm.capabilities is None
-    assert plugin.banner_lines(agent=SimpleNamespace(llm=llm), settings=settings()) == [
-        "llm: openai llama3.2 @ http://localhost:11434/v1"
-    ]
-    assert plugin.banner_lines(agent=SimpleNamespace(llm=object()), settings=settings()) is None
+    # the core's banner prints it as "llm: <description>"
+    assert llm.description == "openai llama3.2 @ http://localhost:11434/v1"
 
 
 # --- with the turn engine -----------------------------------------------------------------
@@ -768,9 +765,9 @@ async def run_turn(conv: Any, text: str) -> list[Any]:
     events = conv.events()
     await conv.send([TextPart(text)])
     out = []
-    async for item in events:
-        out.append(item.event)
-        if isinstance(item.event, End):
+    async for event in events:
+        out.append(event)
+        if isinstance(event, End):
             return out
     return out
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentik.core.app import StartupError, load_settings, registries, select_llm
-from agentik.core.plugins import make_plugins
+from agentik.core.plugins import PluginError, make_plugins
 from agentik.core.registry import BackendError, BackendRegistry
 from agentik.core.settings import Setting, Settings, SettingsError, parse_port
 from agentik.core.testing import temporary_plugin, test_plugins
@@ -48,7 +48,9 @@ def test_a_plugin_that_fails_to_import_is_reported_and_skipped(tmp_path, monkeyp
     info = plugins.infos["agentik_broken"]
     assert info.status == "failed" and "no numpy" in info.error
     assert plugins.infos["agentik_transport_http"].status == "ok"
-    with pytest.raises(ImportError, match="no numpy"):
+    with pytest.raises(
+        PluginError, match="plugin agentik_broken: import failed: ImportError: no numpy"
+    ):
         make_plugins(env={"AGENTIK_STRICT_PLUGINS": "1"})
 
 
@@ -106,13 +108,21 @@ def test_unknown_backend_lists_the_available_ones():
         select_llm(plugins, settings)
 
 
-def test_a_backend_whose_extra_is_missing_says_what_to_install():
+def test_a_backend_whose_extra_is_missing_names_its_own_distribution():
     reg = BackendRegistry("llm")
-    reg.register_for("p")("fancy", lambda s: None, requires=("no_such_module_xyz",), extra="fancy")
+    register = reg.register_for("agentik_llm_fancy", "agentik-llm-fancy")
+    register("fancy", lambda s: None, requires=("no_such_module_xyz",), extra="gpu")
     with pytest.raises(
-        BackendError, match=r"needs no_such_module_xyz; pip install 'agentik\[fancy\]'"
+        BackendError, match=r"needs no_such_module_xyz; pip install 'agentik-llm-fancy\[gpu\]'"
     ):
         reg.get("fancy", variable="AGENTIK_LLM_BACKEND")
+    # a built-in plugin's distribution is agentik itself
+    builtin = BackendRegistry("llm")
+    builtin.register_for("agentik_llm_litert", "agentik")(
+        "litert", lambda s: None, requires=("no_such_module_xyz",), extra="litert"
+    )
+    with pytest.raises(BackendError, match=r"pip install 'agentik\[litert\]'"):
+        builtin.get("litert", variable="AGENTIK_LLM_BACKEND")
 
 
 def test_aliases_and_case_select_the_same_backend():
@@ -173,20 +183,33 @@ def test_builtin_plugins_import_no_heavy_module():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
-    """pip-install examples/agentik-llm-echo into a throwaway venv and use it."""
+def throwaway_venv(tmp_path: Path) -> tuple[Path, str]:
+    """A venv whose agentik and dependencies come from this environment: ``(venv, its
+    site-packages)``; what a test installs into it is installed for real."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    py = venv / "bin" / "python"
     site = subprocess.run(
-        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    # agentik and its dependencies come from this environment; the plugin is installed for real
+    # as site dirs, so their own .pth files (agentik's editable install among them) work too
     ours = [p for p in sys.path if p.endswith("site-packages")]
-    Path(site, "parent_env.pth").write_text("\n".join(ours) + "\n")
+    Path(site, "parent_env.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
+    )
+    return venv, site
+
+
+def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
+    """pip-install examples/agentik-llm-echo into a throwaway venv and use it."""
+    venv, site = throwaway_venv(tmp_path)
+    py = venv / "bin" / "python"
     subprocess.run(
         [
             sys.executable,
@@ -250,6 +273,16 @@ def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
         },
     ).stdout.splitlines()
     assert out == ["['user', 'tool_call', 'tool_result', 'assistant']", ">HI"]
+    # its own tests, as its author runs them: agentik's pytest plugin brings the fixtures
+    tests = subprocess.run(
+        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT / "examples" / "agentik-llm-echo",
+    )
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "4 passed" in tests.stdout
 
 
 def test_trace_plugins_logs_hook_calls(caplog):
@@ -267,3 +300,536 @@ def test_trace_plugins_logs_hook_calls(caplog):
     quiet = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "none"})
     collect_prompt_sections(quiet, load_settings(quiet, {}))
     assert not caplog.records  # off unless asked
+
+
+# --- a plugin author's mistakes, through the real entry-point path ---------------------------
+#
+# One throwaway distribution, pip-installed once for this module, holds several small plugins
+# (one entry point each); a test picks the ones it wants with AGENTIK_LOAD_PLUGINS.
+
+AUTHOR_PLUGINS = {
+    "at_context": """
+        from agentik import hookimpl
+
+        @hookimpl
+        def before_turn(text):
+            return f"[context for {text}]"
+
+        @hookimpl
+        def after_turn(conversation, user_text):
+            async def note():
+                conversation.agent.state.setdefault("at_context", []).append(user_text)
+            return note()
+    """,
+    "at_broken_turn": """
+        from agentik import hookimpl
+
+        @hookimpl
+        def before_turn():
+            raise RuntimeError("prefetch down")
+
+        @hookimpl
+        def after_turn():
+            raise RuntimeError("review down")
+    """,
+    "at_async": """
+        from agentik import hookimpl
+
+        @hookimpl
+        async def before_turn(text):
+            return "never awaited"
+    """,
+    "at_factory_boom": """
+        from agentik import hookimpl
+
+        def make(settings):
+            raise RuntimeError("no GPU here")
+
+        @hookimpl
+        def register_llm_backends(register):
+            register("boom", make)
+    """,
+    "at_transport_boom": """
+        from agentik import hookimpl
+
+        def setup(app, agent, settings):
+            raise KeyError("ROUTES_FILE")
+
+        @hookimpl
+        def register_transports(register):
+            register("broken", setup)
+    """,
+    "at_wrong_register": """
+        from agentik import hookimpl
+
+        @hookimpl
+        def register_tools(register):
+            register(lambda sides: sides)
+    """,
+    "at_dice_small": """
+        from agentik import hookimpl
+        from agentik.core.settings import Setting, parse_positive_int
+
+        @hookimpl
+        def register_settings(register):
+            register(Setting("DICE_MAX_SIDES", 6, parse_positive_int, "Largest die."))
+    """,
+    "at_dice_big": """
+        from agentik import hookimpl
+        from agentik.core.settings import Setting, parse_positive_int
+
+        @hookimpl
+        def register_settings(register):
+            register(Setting("DICE_MAX_SIDES", 100, parse_positive_int, "Largest die."))
+    """,
+    "at_shares_openai": """
+        from agentik import hookimpl
+        from agentik.core.settings import Setting, parse_url
+
+        @hookimpl
+        def register_settings(register):
+            register(Setting("OPENAI_BASE_URL", None, parse_url, "Also the embeddings endpoint."))
+    """,
+    "at_claims_openai": """
+        from agentik import hookimpl
+
+        @hookimpl
+        def register_llm_backends(register):
+            register("openai", lambda settings: None)
+    """,
+    "at_extra": """
+        from agentik import hookimpl
+
+        @hookimpl
+        def register_llm_backends(register):
+            register("fancy", lambda s: None, requires=("no_such_module_xyz",), extra="gpu")
+    """,
+    "at_routes": """
+        from aiohttp import web
+        from agentik import hookimpl
+        from agentik.core.testing import ScriptedLLM
+
+        class Described(ScriptedLLM):
+            description = "described v2 (scripted)"
+
+        async def ping(request):
+            return web.Response(text="pong")
+
+        @hookimpl
+        def register_llm_backends(register):
+            register("described", lambda settings: Described())
+
+        @hookimpl
+        def register_transports(register):
+            register("ping", lambda app, agent, settings: app.router.add_get("/ping", ping))
+    """,
+}
+AUTHOR_DIST = "agentik-author-mistakes"
+PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+
+
+@pytest.fixture(scope="module")
+def author_site(tmp_path_factory) -> Path:
+    """The throwaway distribution, pip-installed into a folder put on sys.path / PYTHONPATH."""
+    src = tmp_path_factory.mktemp("author_src")
+    for name, code in AUTHOR_PLUGINS.items():
+        (src / f"{name}.py").write_text(textwrap.dedent(code))
+    entry_points = "\n".join(f"    {name} = {name}" for name in AUTHOR_PLUGINS)
+    (src / "setup.cfg").write_text(
+        f"[metadata]\nname = {AUTHOR_DIST}\nversion = 0.1\n\n[options]\n"
+        f"py_modules = {', '.join(AUTHOR_PLUGINS)}\n\n"
+        f"[options.entry_points]\nagentik =\n{entry_points}\n"
+    )
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    site = tmp_path_factory.mktemp("author_site")
+    subprocess.run(
+        [*PIP_INSTALL, "--target", str(site), str(src)],
+        check=True,
+        capture_output=True,
+    )
+    return site
+
+
+@pytest.fixture
+def author_plugins(author_site, monkeypatch):
+    """``load(*names, **env)``: a manager with the built-ins and the named throwaway plugins."""
+    monkeypatch.syspath_prepend(str(author_site))
+    for name in AUTHOR_PLUGINS:
+        sys.modules.pop(name, None)
+
+    def load(*names: str, builtins=("agentik_transport_http",), **env: str):
+        allow = ",".join([*builtins, *names]) or "none"
+        return make_plugins(env={"AGENTIK_LOAD_PLUGINS": allow, **env})
+
+    return load
+
+
+def run_cli(author_site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``agentik ARGS`` in a child process that sees the throwaway distribution."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
+    full.update(PYTHONPATH=str(author_site), AGENTIK_DB_PATH=":memory:", AGENTIK_PORT="0", **env)
+    return subprocess.run(
+        [sys.executable, "-m", "agentik", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=60,
+    )
+
+
+async def test_a_failing_turn_hook_loses_only_its_own_contribution(author_plugins, caplog):
+    from agentik.core.app import AGENT, create_app
+    from agentik.core.testing import ScriptedLLM
+    from agentik.core.types import TextPart
+
+    plugins = author_plugins("at_broken_turn", "at_context")
+    llm = ScriptedLLM()
+    app = create_app(load_settings(plugins, {"AGENTIK_DB_PATH": ":memory:"}), plugins, llm=llm)
+    agent = app[AGENT]
+    await agent.open()
+    try:
+        conv = await agent.create_conversation()
+        await conv.send([TextPart("cats")])
+        await conv.wait_idle()
+        await agent.jobs.wait_idle()
+        assert llm.received[0][0].text == "[context for cats]\n\ncats"
+        assert agent.state["at_context"] == ["cats"]  # the working after_turn ran
+        assert "before_turn of plugin at_broken_turn failed" in caplog.text
+        assert "after_turn of plugin at_broken_turn failed" in caplog.text
+    finally:
+        await agent.close()
+
+
+def test_an_async_def_hook_is_refused_naming_plugin_hook_and_fix(author_plugins):
+    plugins = author_plugins("at_async")
+    info = plugins.infos["at_async"]
+    assert info.status == "failed"
+    assert "hook before_turn is `async def`" in info.error and "plain `def`" in info.error
+    assert plugins.pm.get_plugin("at_async") is None
+    with pytest.raises(PluginError, match=r"plugin at_async: loading failed: .*before_turn"):
+        author_plugins("at_async", AGENTIK_STRICT_PLUGINS="1")
+
+
+@pytest.mark.parametrize(
+    ("names", "env", "message"),
+    [
+        (
+            "at_factory_boom",
+            {"AGENTIK_LLM_BACKEND": "boom"},
+            "plugin at_factory_boom: creating the llm backend 'boom' failed: "
+            "RuntimeError: no GPU here",
+        ),
+        (
+            "at_transport_boom,at_routes",
+            {"AGENTIK_LLM_BACKEND": "described"},
+            "plugin at_transport_boom: register_transports failed: KeyError: 'ROUTES_FILE'",
+        ),
+        (
+            "at_wrong_register,at_routes",
+            {"AGENTIK_LLM_BACKEND": "described"},
+            "plugin at_wrong_register: register_tools failed: TypeError: register() takes a "
+            "Tool (see agentik.core.tools.tool), not function",
+        ),
+    ],
+)
+def test_start_up_errors_of_plugin_code_are_one_line_naming_the_plugin(
+    author_site, names, env, message
+):
+    result = run_cli(author_site, "serve", AGENTIK_LOAD_PLUGINS=names, **env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"agentik: error: {message}"
+    assert "Traceback" not in result.stderr
+    strict = run_cli(
+        author_site, "serve", AGENTIK_LOAD_PLUGINS=names, AGENTIK_STRICT_PLUGINS="1", **env
+    )
+    assert strict.returncode == 2
+    assert "Traceback" in strict.stderr and strict.stderr.strip().endswith(message)
+
+
+def test_conflicting_setting_declarations_name_both_plugins(author_plugins):
+    plugins = author_plugins("at_dice_small", "at_dice_big")
+    with pytest.raises(SettingsError) as e:
+        load_settings(plugins, {})
+    assert str(e.value).startswith(
+        "DICE_MAX_SIDES is declared differently by at_dice_big (default: 100) and at_dice_small "
+        "(default: 6)"
+    )
+    # sharing a variable on purpose, declared alike, is fine
+    shared = author_plugins("at_shares_openai", builtins=("agentik_llm_openai",))
+    settings = load_settings(shared, {"OPENAI_BASE_URL": "http://x/v1/"})
+    assert settings["OPENAI_BASE_URL"] == "http://x/v1"
+
+
+def test_plugins_command_always_runs_and_shows_the_conflict(author_site):
+    import json
+
+    result = run_cli(
+        author_site,
+        "plugins",
+        "--json",
+        AGENTIK_LOAD_PLUGINS="agentik_llm_openai,at_claims_openai,at_dice_small,at_dice_big",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (
+        "llm backend 'openai' is registered by both agentik_llm_openai and at_claims_openai; "
+        "disable one with AGENTIK_DISABLE_PLUGINS"
+    ) in report["problems"]
+    assert report["invalidSettings"].startswith("DICE_MAX_SIDES is declared differently")
+    assert {p["name"] for p in report["plugins"]} >= {"at_claims_openai", "agentik_llm_openai"}
+    text = run_cli(author_site, "plugins", AGENTIK_LOAD_PLUGINS="at_claims_openai,agentik")
+    assert text.returncode == 0
+    assert "problem: llm backend 'openai' is registered by both" in text.stdout
+
+
+def test_a_missing_extra_names_the_plugins_own_distribution(author_plugins):
+    plugins = author_plugins("at_extra")
+    settings = load_settings(plugins, {"AGENTIK_LLM_BACKEND": "fancy"})
+    with pytest.raises(StartupError, match=rf"pip install '{AUTHOR_DIST}\[gpu\]'"):
+        select_llm(plugins, settings)
+
+
+def test_a_backend_factory_that_is_not_callable_names_the_plugin():
+    class Wrong:
+        @hookimpl
+        def register_llm_backends(self, register):
+            register("wrong", "wrong_backend:make")
+
+    with pytest.raises(PluginError, match="plugin wrong: register_llm_backends failed: TypeError"):
+        registries(test_plugins([("wrong", Wrong())], builtins=[]))
+
+
+def test_unknown_plugin_names_are_warned_with_the_closest(author_plugins):
+    plugins = make_plugins(
+        env={
+            "AGENTIK_LOAD_PLUGINS": "agentik_transport_htp,agentik_llm_openai",
+            "AGENTIK_DISABLE_PLUGINS": "agentik_llm_opena",
+        }
+    )
+    assert plugins.warnings == [
+        "AGENTIK_LOAD_PLUGINS: no installed plugin is called 'agentik_transport_htp' "
+        "(did you mean 'agentik_transport_http'?)",
+        "AGENTIK_DISABLE_PLUGINS: no installed plugin is called 'agentik_llm_opena' "
+        "(did you mean 'agentik_llm_openai'?)",
+    ]
+    assert make_plugins(env={"AGENTIK_LOAD_PLUGINS": "agentik,none"}).warnings == []
+
+
+def test_a_disabled_backend_is_reported_as_disabled_by_its_variable(author_plugins):
+    disabled = make_plugins(
+        env={"AGENTIK_LOAD_PLUGINS": "agentik", "AGENTIK_DISABLE_PLUGINS": "agentik_llm_litert"}
+    )
+    settings = load_settings(disabled, {"AGENTIK_LLM_BACKEND": "google"})
+    with pytest.raises(
+        StartupError,
+        match="AGENTIK_LLM_BACKEND='google': the llm backend 'google' comes from plugin "
+        "agentik_llm_litert, which AGENTIK_DISABLE_PLUGINS disables",
+    ):
+        select_llm(disabled, settings)
+    skipped = author_plugins("at_extra")  # AGENTIK_LOAD_PLUGINS leaves at_routes out
+    with pytest.raises(StartupError, match="at_routes, which AGENTIK_LOAD_PLUGINS does not list"):
+        select_llm(skipped, load_settings(skipped, {"AGENTIK_LLM_BACKEND": "described"}))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("ten", "AGENTIK_EVENT_BUFFER='ten' is invalid: must be a whole number, e.g. 10"),
+        ("-3", "AGENTIK_EVENT_BUFFER='-3' is invalid: must be a whole number greater than 0"),
+    ],
+)
+def test_invalid_numbers_say_what_was_expected(value, expected):
+    plugins = test_plugins(builtins=[])
+    with pytest.raises(SettingsError) as e:
+        load_settings(plugins, {"AGENTIK_EVENT_BUFFER": value})
+    assert str(e.value) == expected
+    with pytest.raises(SettingsError, match=r"must be a number, e\.g\. 2\.5"):
+        load_settings(plugins, {"AGENTIK_TOOL_TIMEOUT": "soon"})
+
+
+async def test_banner_shows_every_backends_description_and_plugin_routes(author_plugins):
+    from aiohttp.test_utils import TestServer
+
+    from agentik.core.app import create_app
+    from agentik.core.cli import banner
+
+    plugins = author_plugins("at_routes")
+    settings = load_settings(
+        plugins, {"AGENTIK_DB_PATH": ":memory:", "AGENTIK_LLM_BACKEND": "described"}
+    )
+    app = create_app(settings, plugins)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        lines = await banner(app, "127.0.0.1", 8080)
+    finally:
+        await server.close()
+    assert "  llm: described v2 (scripted)" in lines
+    assert "  GET  /ping" in lines
+    assert not any(line.startswith("  GET  /agentik/conversations/{id}/messages") for line in lines)
+
+
+def test_trace_plugins_traces_the_register_hooks_too(author_plugins, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="agentik.plugins.trace")
+    plugins = author_plugins("at_routes", AGENTIK_TRACE_PLUGINS="1")
+    load_settings(plugins, {})
+    registries(plugins)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "register_settings(register) -> [agentik.core]" in lines
+    assert "register_llm_backends(register) -> [at_routes]" in lines
+
+
+def test_an_undeclared_agentik_variable_gets_one_warning_with_the_closest_name(serve):
+    """Issue #7, settings hygiene: a migrated configuration never silently loses a feature."""
+    proc, _ = serve(
+        {
+            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+            "OPENAI_API_KEY": "k",
+            "OPENAI_MODEL": "m",
+            "AGENTIK_SYSTEM_PROMT": "You are Ada.",  # a typo
+            "AGENTIK_RETIRED_FEATURE": "1",  # no loaded plugin reads it
+        }
+    )
+    output = proc.wait_output("agentik listening")
+    typo = (
+        "AGENTIK_SYSTEM_PROMT is set but no loaded plugin declares it "
+        "(did you mean AGENTIK_SYSTEM_PROMPT?); it is ignored"
+    )
+    assert output.count(typo) == 1
+    assert output.count("AGENTIK_RETIRED_FEATURE is set but no loaded plugin declares it") == 1
+    assert "AGENTIK_PORT is set" not in output  # declared ones are quiet
+
+
+def test_undeclared_variables_only_looks_at_agentik_variables():
+    from agentik.core.settings import undeclared_variables
+
+    env = {"AGENTIK_PORT": "1", "AGENTIK_PROT": "2", "HOME": "/root", "OPENAI_MODLE": "x"}
+    assert undeclared_variables(["AGENTIK_PORT", "OPENAI_MODEL"], env) == [
+        "AGENTIK_PROT is set but no loaded plugin declares it (did you mean AGENTIK_PORT?); "
+        "it is ignored"
+    ]
+
+
+# --- what plugin authors get: composition, state, single-file plugins, fixtures --------------
+
+
+class Guarded:
+    """A backend plugin that wraps another registered backend, chosen by name."""
+
+    @hookimpl
+    def register_settings(self, register):
+        register(Setting("GUARD_INNER_BACKEND", "scripted", str, "Backend the guard wraps."))
+
+    @hookimpl
+    def register_llm_backends(self, register):
+        def make_guard(settings, backends):
+            inner = backends.create(settings["GUARD_INNER_BACKEND"], settings)
+            inner.description = f"guarded {inner.description}"
+            return inner
+
+        register("guard", make_guard)
+
+
+class Scripted:
+    @hookimpl
+    def register_llm_backends(self, register):
+        from agentik.core.testing import ScriptedLLM
+
+        register("scripted", lambda settings: ScriptedLLM(["inner answer"]))
+
+
+def test_a_backend_wraps_another_registered_backend_by_name():
+    plugins = test_plugins([("guard", Guarded()), ("scripted", Scripted())], builtins=[])
+    llm = select_llm(plugins, load_settings(plugins, {"AGENTIK_LLM_BACKEND": "guard"}))
+    assert llm.description == "guarded scripted" and llm.steps == [["inner answer"]]
+    looping = load_settings(
+        plugins, {"AGENTIK_LLM_BACKEND": "guard", "GUARD_INNER_BACKEND": "guard"}
+    )
+    with pytest.raises(
+        StartupError, match="llm backends wrap each other in a loop: guard -> guard"
+    ):
+        select_llm(plugins, looping)
+
+
+DICE = '''
+from agentik import hookimpl
+from agentik.core.settings import Setting, parse_positive_int
+from agentik.core.tools import ToolError, tool
+
+
+@hookimpl
+def register_settings(register):
+    register(Setting("DICE_MAX_SIDES", 100, parse_positive_int, "Largest die."))
+
+
+@hookimpl
+def register_tools(register, settings):
+    @tool
+    def roll(sides: int) -> str:
+        """Roll a die."""
+        if sides > settings["DICE_MAX_SIDES"]:
+            raise ToolError(f"at most {settings['DICE_MAX_SIDES']} sides")
+        return str(sides)
+
+    register(roll)
+'''
+
+
+def test_single_file_plugins_from_agentik_plugins_dir(tmp_path):
+    import json
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "dice.py").write_text(DICE)
+    (folder / "broken.py").write_text("raise RuntimeError('half written')")
+    (folder / "notes.txt").write_text("not a plugin")
+    env = {"AGENTIK_LOAD_PLUGINS": "none", "AGENTIK_PLUGINS_DIR": str(folder)}
+    plugins = make_plugins(env=env)
+    assert plugins.infos["dice"].status == "ok"
+    assert plugins.infos["dice"].hooks == ["register_settings", "register_tools"]
+    assert plugins.infos["broken"].status == "failed"
+    assert "half written" in plugins.infos["broken"].error
+    assert "notes" not in plugins.infos
+    assert load_settings(plugins, {"DICE_MAX_SIDES": "20"})["DICE_MAX_SIDES"] == 20
+    listing = run_cli(tmp_path, "plugins", "--json", **env)
+    report = {p["name"]: p for p in json.loads(listing.stdout)["plugins"]}
+    assert report["dice"]["dist"] == str(folder / "dice.py")
+    assert [s["name"] for s in report["dice"]["settings"]] == ["DICE_MAX_SIDES"]
+    text = run_cli(tmp_path, "plugins", **env).stdout
+    assert f"dice ({folder / 'dice.py'}) [ok]" in text
+    missing = run_cli(tmp_path, "serve", AGENTIK_PLUGINS_DIR=str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    assert "AGENTIK_PLUGINS_DIR=" in missing.stderr and "is not a folder" in missing.stderr
+
+
+async def test_the_pytest_plugin_fixtures_run_a_plugin_like_an_author_would(
+    agentik_agent, scripted_llm
+):
+    """agentik_agent / scripted_llm come from agentik's pytest11 entry point, not conftest."""
+    import importlib.util
+
+    from agentik.core.llm import ToolCallRequest
+    from agentik.core.testing import run_turn
+
+    spec = importlib.util.spec_from_loader("dice_fixture_test", loader=None)
+    dice = importlib.util.module_from_spec(spec)
+    exec(DICE, dice.__dict__)
+    scripted_llm.steps = [
+        [ToolCallRequest("c1", "roll", '{"sides": "six"}')],
+        [ToolCallRequest("c2", "roll", '{"sides": 60}')],
+        ["You rolled."],
+    ]
+    agent = await agentik_agent(plugins=[("dice", dice)], env={"DICE_MAX_SIDES": "20"})
+    turn = await run_turn(agent, "roll a d6")
+    results = [e.text for e in turn.events if e.type == "ToolResult"]
+    assert results == [
+        "Error: invalid arguments for roll: sides: 'six' is not of type 'integer'",
+        "Error: at most 20 sides",
+    ]
+    assert turn.text == "You rolled."
+    assert [m.kind for m in turn.history][-1] == "assistant"
+    assert agent.state == {}  # the documented per-app place for plugin state starts empty

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any
 
 from agentik.core.conversation import (
@@ -20,13 +20,15 @@ from agentik.core.conversation import (
     PromptSection,
     error_record,
     new_id,
+    unwrap_events,
 )
 from agentik.core.events import EventLog, StreamItem
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
+from agentik.core.plugins import call_each
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
-from agentik.core.types import AgentEvent, ConversationInfo, Message
+from agentik.core.types import AgentEvent, ConversationInfo, Event, Message
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 
@@ -60,6 +62,9 @@ class ChatAgent:
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
+        #: plugins' per-app state, by plugin name (``agent.state.setdefault("my_plugin", …)``):
+        #: it lives and dies with this agent, unlike a module global shared by every app
+        self.state: dict[str, Any] = {}
         #: conversations held in memory, least recently used first (at most ``max_live`` idle)
         self._live: OrderedDict[str, ChatConversation] = OrderedDict()
         self._deleting: set[str] = set()
@@ -223,8 +228,14 @@ class ChatAgent:
     async def count_conversations(self) -> int:
         return await self.store.count_conversations()
 
-    def events(self, after: int | None = None) -> AsyncIterator[StreamItem]:
-        return self._events.subscribe(after)
+    def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
+        """Agent-level events (``AgentEvent``: a conversation created, updated, deleted, a turn
+        started or ended) after ``after``; None: from this call on."""
+        return unwrap_events(self.event_items(after))
+
+    def event_items(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
+        """:meth:`events` with their sequence ids, for transports."""
+        return self._events.subscribe(self._events.last_seq if after is None else after)
 
     def event_batches(
         self, after: int | None = None, linger: float = 0.0
@@ -252,37 +263,37 @@ class ChatAgent:
                 parts.append(text.strip())
         return "\n\n".join(parts)
 
-    async def before_turn(self, conv: ChatConversation, text: str) -> str:
+    def _call_each(self, hook: str, conv: ChatConversation, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Every implementation of a turn hook on its own: one that raises is logged with its
+        plugin's name and the others' results are kept."""
         if self.hooks is None:
-            return ""
+            return []
+        caller = getattr(self.hooks, hook)
+        results = call_each(caller, f" in {conv.id}", conversation=conv, **kwargs)
+        return [(plugin, r) for plugin, r in results if r is not None]
+
+    async def before_turn(self, conv: ChatConversation, text: str) -> str:
         blocks = []
-        try:
-            for result in self.hooks.before_turn(conversation=conv, text=text):
-                if isinstance(result, Awaitable):
+        # context enrichment is best effort: a failing plugin's block is left out, not the turn
+        for plugin, result in self._call_each("before_turn", conv, text=text):
+            if isinstance(result, Awaitable):
+                try:
                     result = await result
-                if result:
-                    blocks.append(str(result))
-        except Exception:
-            # context enrichment is best effort: the turn goes on without it
-            log.exception("a before_turn hook failed in %s", conv.id)
+                except Exception:
+                    log.exception("before_turn of plugin %s failed in %s", plugin, conv.id)
+                    continue
+            if result:
+                blocks.append(str(result))
         return "\n\n".join(blocks)
 
     async def before_compaction(self, conv: ChatConversation, items: list[HistoryItem]) -> None:
         """Run every ``before_compaction`` hook on the entries about to be summarised, at once;
         a failing one is logged and the others go on (the compaction never waits on an error)."""
-        if self.hooks is None:
-            return
-        pending = []
-        for impl in self.hooks.before_compaction.get_hookimpls():
-            try:
-                result = impl.function(conversation=conv, items=items)
-            except Exception:
-                log.exception(
-                    "before_compaction of plugin %s failed in %s", impl.plugin_name, conv.id
-                )
-                continue
-            if isinstance(result, Awaitable):
-                pending.append((impl.plugin_name, result))
+        pending = [
+            (plugin, result)
+            for plugin, result in self._call_each("before_compaction", conv, items=items)
+            if isinstance(result, Awaitable)
+        ]
         outcomes = await asyncio.gather(*(r for _, r in pending), return_exceptions=True)
         for (plugin, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, Exception):
@@ -291,15 +302,9 @@ class ChatAgent:
                 )
 
     def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:
-        if self.hooks is None:
-            return
-        try:
-            results = self.hooks.after_turn(
-                conversation=conv, user_text=user_text, assistant_text=assistant_text
-            )
-        except Exception:
-            log.exception("an after_turn hook failed in %s", conv.id)
-            return
-        for result in results:
+        results = self._call_each(
+            "after_turn", conv, user_text=user_text, assistant_text=assistant_text
+        )
+        for plugin, result in results:
             if isinstance(result, Awaitable):
-                self.jobs.spawn(f"after_turn:{conv.id}", result)
+                self.jobs.spawn(f"after_turn of plugin {plugin} in {conv.id}", result)

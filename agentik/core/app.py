@@ -8,6 +8,7 @@ closed in reverse), and every open event stream ends in ``on_shutdown``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -19,7 +20,8 @@ from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.llm import LLMBackend
-from agentik.core.plugins import Plugins, make_plugins
+from agentik.core.plugins import PluginError, Plugins, call_impl, call_startup, make_plugins
+from agentik.core.plugins import StartupError as StartupError  # defined beside PluginError
 from agentik.core.registry import BackendError, BackendRegistry
 from agentik.core.settings import Setting, Settings, SettingsError
 from agentik.core.store import SqliteStore
@@ -39,19 +41,20 @@ NO_LLM_HINT = (
 )
 
 
-class StartupError(Exception):
-    """Start-up cannot go on; the message says what to set or fix."""
-
-
 def declared_settings(plugins: Plugins) -> list[Setting]:
     """Every plugin's settings, each tagged with the plugin that declared it."""
     declared: list[Setting] = []
     for impl in plugins.hook.register_settings.get_hookimpls():
 
         def register(s: Setting, plugin: str = impl.plugin_name) -> None:
+            if not isinstance(s, Setting):
+                raise TypeError(f"register() takes a Setting, not {type(s).__name__}")
             declared.append(Setting(s.name, s.default, s.parse, s.help, s.secret, plugin))
 
-        impl.function(register=register)
+        try:
+            call_impl(plugins.hook.register_settings, impl, {"register": register})
+        except Exception as e:
+            raise PluginError(impl.plugin_name, "register_settings", e) from e
     return declared
 
 
@@ -59,32 +62,60 @@ def load_settings(plugins: Plugins, env: Mapping[str, str] | None = None) -> Set
     return Settings(declared_settings(plugins), env)
 
 
-def registries(plugins: Plugins) -> dict[str, BackendRegistry]:
-    """Every backend of every kind, registered by name."""
-    kinds = {
-        "llm": "register_llm_backends",
-        "memory": "register_memory_backends",
-        "embedding": "register_embedding_backends",
-    }
+BACKEND_HOOKS = {
+    "llm": "register_llm_backends",
+    "memory": "register_memory_backends",
+    "embedding": "register_embedding_backends",
+}
+
+
+def registries(plugins: Plugins, problems: list[str] | None = None) -> dict[str, BackendRegistry]:
+    """Every backend of every kind, registered by name. With ``problems``, a conflict or a
+    failing plugin is added to it and the rest goes on (``agentik plugins``); without, it stops
+    start-up."""
     out = {}
-    for kind, hook in kinds.items():
+    for kind, hook in BACKEND_HOOKS.items():
         reg = out[kind] = BackendRegistry(kind)
-        for impl in getattr(plugins.hook, hook).get_hookimpls():  # registration order
-            impl.function(register=reg.register_for(impl.plugin_name))
+        reg.explain_unknown = functools.partial(_left_out, plugins, kind, hook)
+        caller = getattr(plugins.hook, hook)
+        for impl in caller.get_hookimpls():  # registration order
+            info = plugins.infos.get(impl.plugin_name)
+            register = reg.register_for(impl.plugin_name, info.dist if info else None)
+            try:
+                call_impl(caller, impl, {"register": register})
+            except BackendError as e:
+                if problems is None:
+                    raise
+                problems.append(str(e))
+            except Exception as e:
+                error = PluginError(impl.plugin_name, hook, e)
+                if problems is None:
+                    raise error from e
+                problems.append(str(error))
     return out
+
+
+def _left_out(plugins: Plugins, kind: str, hook: str, name: str) -> str | None:
+    info = plugins.provider_left_out(hook, name)
+    if info is None:
+        return None
+    return f"the {kind} backend {name!r} comes from plugin {info.name}, which {info.reason} " + (
+        "disables" if info.status == "blocked" else "does not list"
+    )
 
 
 def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
     name = settings["AGENTIK_LLM_BACKEND"]
     try:
-        backend = registries(plugins)["llm"].get(name, variable="AGENTIK_LLM_BACKEND")
-        llm = backend.factory(settings)
+        llm = registries(plugins)["llm"].create(name, settings, variable="AGENTIK_LLM_BACKEND")
     except SettingsError as e:
         raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
     except BackendError as e:
         raise StartupError(str(e)) from e
     if not isinstance(llm, LLMBackend):
-        raise StartupError(f"LLM backend {name!r} did not return an LLMBackend")
+        raise StartupError(
+            f"LLM backend {name!r} did not return an LLMBackend (got {type(llm).__name__})"
+        )
     return llm
 
 
@@ -93,10 +124,18 @@ def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
     for impl in plugins.hook.register_tools.get_hookimpls():
 
         def register(t: Tool, plugin: str = impl.plugin_name) -> None:
+            if not isinstance(t, Tool):
+                raise TypeError(
+                    f"register() takes a Tool (see agentik.core.tools.tool), not {type(t).__name__}"
+                )
             registry.add(Tool(t.spec, t.fn, plugin))
 
-        kwargs = {"register": register, "settings": settings}
-        impl.function(*[kwargs[a] for a in impl.argnames])
+        try:
+            call_impl(
+                plugins.hook.register_tools, impl, {"register": register, "settings": settings}
+            )
+        except Exception as e:
+            raise PluginError(impl.plugin_name, "register_tools", e) from e
     return registry
 
 
@@ -106,15 +145,12 @@ def collect_prompt_sections(plugins: Plugins, settings: Settings) -> list[Prompt
     def register(name: str, render: Callable[[], str | None], order: int = 100) -> None:
         sections.append((order, name, render))
 
-    plugins.hook.register_prompt_sections(register=register, settings=settings)
+    call_startup(plugins.hook.register_prompt_sections, register=register, settings=settings)
     return sections
 
 
 def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = None) -> ChatAgent:
-    try:
-        tools = collect_tools(plugins, settings)
-    except ValueError as e:
-        raise StartupError(str(e)) from e
+    tools = collect_tools(plugins, settings)
     path = settings["AGENTIK_DB_PATH"]
     try:
         database = Database(path)
@@ -188,10 +224,36 @@ def create_app(
     app[SETTINGS] = settings
     app[PLUGINS] = plugins
     app.router.add_get("/health", health)
-    plugins.hook.register_transports(register=lambda name, setup: setup(app, agent, settings))
+    call_startup(
+        plugins.hook.register_transports,
+        register=lambda name, setup: setup(app, agent, settings),
+    )
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     return app
+
+
+@contextlib.asynccontextmanager
+async def running(app: web.Application) -> AsyncIterator[ChatAgent]:
+    """Start ``app``'s agent as ``agentik serve`` does (the LLM backend, the database, the
+    services, the jobs) without listening anywhere, and stop it cleanly on exit: running turns
+    are interrupted, event streams end, the services and the database are closed. For embedding
+    the agent in a Python program::
+
+        async with running(create_app()) as agent:
+            conv = await agent.create_conversation()
+    """
+    app.freeze()
+    try:
+        await app.startup()
+    except BaseException:
+        await app.cleanup()
+        raise
+    try:
+        yield app[AGENT]
+    finally:
+        await app.shutdown()
+        await app.cleanup()
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -217,17 +279,22 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _start_services(
     stack: contextlib.AsyncExitStack, agent: ChatAgent, plugins: Plugins, settings: Settings
 ) -> None:
-    services: list[tuple[str, Callable[[], contextlib.AbstractAsyncContextManager[Any]]]] = []
-    plugins.hook.register_services(
-        register=lambda name, context: services.append((name, context)),
-        agent=agent,
-        settings=settings,
-    )
-    for name, context in services:
+    services: list[tuple[str, str, Callable[[], contextlib.AbstractAsyncContextManager[Any]]]] = []
+    caller = plugins.hook.register_services
+    for impl in caller.get_hookimpls():
+
+        def register(name: str, context: Any, plugin: str = impl.plugin_name) -> None:
+            services.append((plugin, name, context))
+
+        try:
+            call_impl(caller, impl, {"register": register, "agent": agent, "settings": settings})
+        except Exception as e:
+            raise PluginError(impl.plugin_name, "register_services", e) from e
+    for plugin, name, context in services:
         try:
             await stack.enter_async_context(context())
         except Exception as e:
-            raise StartupError(f"service {name!r} failed to start: {e}") from e
+            raise PluginError(plugin, f"starting service {name!r}", e) from e
 
 
 def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
@@ -239,7 +306,7 @@ def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
         else:
             agent.jobs.every(name, interval, run)
 
-    plugins.hook.register_jobs(register=register, agent=agent, settings=settings)
+    call_startup(plugins.hook.register_jobs, register=register, agent=agent, settings=settings)
 
 
 async def _end_streams(app: web.Application) -> None:

@@ -12,6 +12,7 @@ from agentik.core.settings import (
     parse_bool,
     parse_choice,
     parse_list,
+    parse_path,
     parse_port,
     parse_positive_float,
     parse_positive_int,
@@ -116,6 +117,13 @@ CORE_SETTINGS = (
         "1 makes a plugin that fails to load stop start-up (for development and CI).",
     ),
     Setting(
+        "AGENTIK_PLUGINS_DIR",
+        None,
+        parse_path,
+        "Folder of single-file plugins: every *.py in it is loaded as a plugin, without "
+        "packaging (named after the file).",
+    ),
+    Setting(
         "AGENTIK_TRACE_PLUGINS",
         False,
         parse_bool,
@@ -124,7 +132,7 @@ CORE_SETTINGS = (
 )
 
 
-PLUGIN_SWITCHES = tuple(s for s in CORE_SETTINGS if s.name.endswith("_PLUGINS"))
+PLUGIN_SWITCHES = tuple(s for s in CORE_SETTINGS if s.name.endswith(("_PLUGINS", "_PLUGINS_DIR")))
 
 
 @hookimpl

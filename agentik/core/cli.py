@@ -62,9 +62,27 @@ def _port(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"{raw!r} {e}") from None
 
 
-def fail(message: str) -> int:
+def fail(message: str, error: BaseException | None = None, *, traceback: bool = False) -> int:
+    """One line on stderr and exit status 2; the traceback of the plugin code behind it only
+    with ``AGENTIK_STRICT_PLUGINS=1`` or debug logging."""
+    if error is not None and (traceback or _wants_traceback()):
+        import traceback as tb
+
+        cause = error.__cause__ or error
+        tb.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
     print(f"agentik: error: {message}", file=sys.stderr)
     return 2
+
+
+def _wants_traceback() -> bool:
+    from agentik.core.settings import parse_bool
+
+    strict = os.environ.get("AGENTIK_STRICT_PLUGINS", "").strip()
+    try:
+        strict_on = bool(strict) and parse_bool(strict)
+    except ValueError:
+        strict_on = False
+    return strict_on or os.environ.get("AGENTIK_LOG_LEVEL", "").strip().lower() == "debug"
 
 
 def _bootstrap() -> tuple[Plugins, Settings]:
@@ -77,12 +95,15 @@ def _bootstrap() -> tuple[Plugins, Settings]:
 
 def serve_command(host: str | None, port: int | None) -> int:
     from agentik.core.app import StartupError, create_app
-    from agentik.core.settings import SettingsError
+    from agentik.core.plugins import PluginError
+    from agentik.core.registry import BackendError
+    from agentik.core.security import bind_host
+    from agentik.core.settings import SettingsError, undeclared_variables
 
     try:
         plugins, settings = _bootstrap()
-    except SettingsError as e:
-        return fail(str(e))
+    except (SettingsError, PluginError) as e:
+        return fail(str(e), e)
     logging.basicConfig(
         level=settings["AGENTIK_LOG_LEVEL"].upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -90,13 +111,13 @@ def serve_command(host: str | None, port: int | None) -> int:
     for info in plugins.infos.values():
         if info.status == "failed":
             log.warning("plugin %s failed to load: %s", info.name, info.error)
-    from agentik.core.security import bind_host
-
+    for warning in [*plugins.warnings, *undeclared_variables(settings.declared)]:
+        log.warning("%s", warning)
     try:
         host = bind_host(settings, host)
         app = create_app(settings, plugins)
-    except (StartupError, SettingsError, ValueError) as e:
-        return fail(str(e))
+    except (StartupError, SettingsError, BackendError, ValueError) as e:
+        return fail(str(e), e)
     try:
         asyncio.run(
             _serve(
@@ -107,7 +128,7 @@ def serve_command(host: str | None, port: int | None) -> int:
             )
         )
     except StartupError as e:
-        return fail(str(e))
+        return fail(str(e), e)
     except OSError as e:
         return fail(f"cannot listen: {e}")
     return 0
@@ -130,7 +151,9 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
         await runner.setup()
     except Exception as e:
         await runner.cleanup()
-        raise e if isinstance(e, StartupError) else StartupError(f"start-up failed: {e}") from e
+        if isinstance(e, StartupError):  # a PluginError among them
+            raise
+        raise StartupError(f"start-up failed: {type(e).__name__}: {e}") from e
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -179,11 +202,13 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
     for result in plugins.hook.banner_lines(agent=agent, settings=settings):
         for line in result or ():
             (endpoints if line.startswith(" ") else lines).append(line)
+    endpoints += unannounced_routes(app, endpoints)
     stats = await agent.store.token_stats()
     convs = await agent.store.count_conversations()
     return [
         *endpoints,
         f"  storage: {settings['AGENTIK_DB_PATH']}",
+        f"  llm: {agent.llm.description or type(agent.llm).__name__}",
         *(f"  {line}" for line in lines),
         f"  tools: {len(agent.tools)}"
         + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
@@ -192,23 +217,53 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
     ]
 
 
-def plugins_command(as_json: bool) -> int:
-    from agentik.core.app import declared_settings, registries
-    from agentik.core.plugins import make_plugins
-    from agentik.core.registry import BackendError
-    from agentik.core.settings import Settings, SettingsError
+def unannounced_routes(app: web.Application, announced: list[str]) -> list[str]:
+    """``  GET  /path`` for every route a plugin added without a banner line of its own; a
+    sub-application whose prefix a banner line shows (the HTTP API) is left to that line."""
+    from aiohttp import web
 
-    plugins = make_plugins()
+    shown = " ".join(announced)
+    out: list[str] = []
+
+    def walk(router: web.UrlDispatcher) -> None:
+        for resource in router.resources():
+            if isinstance(resource, web.PrefixedSubAppResource):
+                if f"{resource.canonical}/" not in shown:  # its routes carry the prefix already
+                    walk(resource.get_info()["app"].router)
+                continue
+            path = resource.canonical
+            for route in resource:
+                line = f"  {route.method:<4} {path}"
+                if route.method != "HEAD" and path not in shown and line not in out:
+                    out.append(line)
+
+    walk(app.router)
+    return out
+
+
+def plugins_command(as_json: bool) -> int:
+    """Always runs, whatever is wrong: a conflict or a failing plugin is shown, not raised."""
+    from agentik.core.app import declared_settings, registries
+    from agentik.core.plugins import PluginError, make_plugins
+    from agentik.core.settings import Settings, SettingsError, undeclared_variables
+
     try:
-        regs = registries(plugins)
-    except BackendError as e:
-        return fail(str(e))
-    declared = declared_settings(plugins)
+        plugins = make_plugins()
+    except (PluginError, SettingsError) as e:  # strict mode, or an invalid plugin switch
+        return fail(str(e), e)
+    problems = list(plugins.warnings)
+    regs = registries(plugins, problems)
+    try:
+        declared = declared_settings(plugins)
+    except PluginError as e:
+        problems.append(str(e))
+        declared = []
     try:
         settings: dict[str, Any] = dict(Settings(declared))
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
+    problems += undeclared_variables(s.name for s in declared)
     selected = {"llm": settings.get("AGENTIK_LLM_BACKEND")}
     details = {} if invalid else asyncio.run(plugin_details(plugins, Settings(declared)))
     report: list[dict[str, Any]] = []
@@ -232,6 +287,7 @@ def plugins_command(as_json: bool) -> int:
                 "version": info.version,
                 "status": info.status,
                 "error": info.error,
+                "reason": info.reason,
                 "hooks": info.hooks,
                 "backends": backends,
                 "settings": [
@@ -250,11 +306,18 @@ def plugins_command(as_json: bool) -> int:
             }
         )
     if as_json:
-        print(json.dumps({"plugins": report, "invalidSettings": invalid}, indent=2))
+        print(
+            json.dumps(
+                {"plugins": report, "invalidSettings": invalid, "problems": problems}, indent=2
+            )
+        )
         return 0
     for p in report:
         version = f" {p['version']}" if p["version"] else ""
-        print(f"{p['name']}{version} [{p['status']}]" + (f": {p['error']}" if p["error"] else ""))
+        if p["dist"] and p["dist"].endswith(".py"):  # a single-file plugin: where it is
+            version += f" ({p['dist']})"
+        why = f": {p['error']}" if p["error"] else (f" by {p['reason']}" if p["reason"] else "")
+        print(f"{p['name']}{version} [{p['status']}]{why}")
         if p["hooks"]:
             print(f"  hooks: {', '.join(p['hooks'])}")
         for b in p["backends"]:
@@ -275,6 +338,8 @@ def plugins_command(as_json: bool) -> int:
             print(f"  {key}: {shown}")
     if invalid:
         print(f"invalid settings: {invalid}")
+    for problem in problems:
+        print(f"problem: {problem}")
     return 0
 
 

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentik.core.events import EventLog, StreamItem
+from agentik.core.events import EventLog, StreamItem, flatten
 from agentik.core.llm import (
     HistoryItem,
     LLMConversation,
@@ -68,6 +68,14 @@ def error_record(conversation_id: str, user_id: str, message: str, code: str | N
         utcnow(),
         {"message": message, "code": code, "userMessageId": user_id},
     )
+
+
+async def unwrap_events(items: AsyncGenerator[StreamItem, None]) -> AsyncGenerator[Event, None]:
+    try:
+        async for item in items:
+            yield item.event
+    finally:
+        await items.aclose()
 
 
 class ConversationClosed(Exception):
@@ -205,15 +213,25 @@ class ChatConversation:
         task.cancel()
         return True
 
-    async def events(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
-        """Live events after the sequence id ``after`` (None: from now on)."""
-        batches = self.event_batches(after)
-        try:
-            async for batch in batches:
-                for item in batch:
-                    yield item
-        finally:
-            await batches.aclose()
+    def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
+        """The live events themselves (``StartResponse``, ``AppendText``…, ``End``) after the
+        sequence id ``after``; None: from this call on, not from the first read, so a reader
+        made before a send misses nothing of its turn::
+
+            events = conv.events()
+            await conv.send([TextPart("hello")])
+            async for event in events:
+                if event.type == "End":
+                    break
+        """
+        return unwrap_events(self.event_items(after))
+
+    def event_items(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
+        """:meth:`events` with their sequence ids (``StreamItem(seq, event)``), for transports
+        that let a client resume after the last id it saw."""
+        if after is None and not self._evicted:
+            after = self._events.last_seq
+        return flatten(self.event_batches(after))
 
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0

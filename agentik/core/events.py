@@ -34,6 +34,18 @@ class StreamItem:
         self.memo: dict[str, Any] = {}
 
 
+async def flatten(
+    batches: AsyncGenerator[list[StreamItem], None],
+) -> AsyncGenerator[StreamItem, None]:
+    """The items of :meth:`EventLog.batches` one by one."""
+    try:
+        async for batch in batches:
+            for item in batch:
+                yield item
+    finally:
+        await batches.aclose()  # now, not when the garbage collector gets to it
+
+
 class EventLog:
     _high_water = 0  # the highest id any log of this process issued
 
@@ -84,15 +96,9 @@ class EventLog:
         newest.reverse()
         return newest
 
-    async def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
+    def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """Yield events published after ``after`` (None: from now on) until the log closes."""
-        batches = self.batches(after)
-        try:
-            async for batch in batches:
-                for item in batch:
-                    yield item
-        finally:
-            await batches.aclose()  # now, not when the garbage collector gets to it
+        return flatten(self.batches(after))
 
     async def batches(
         self, after: int | None = None, linger: float = 0.0

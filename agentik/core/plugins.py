@@ -1,29 +1,103 @@
 """The plugin manager: entry points of the ``agentik`` group, loaded lazily and one by one.
 
 Built-in plugins are entry points too, so they take exactly the path third-party plugins take.
-A plugin that fails to import or implements an unknown hook is reported and skipped (unless
-``AGENTIK_STRICT_PLUGINS=1``); it only stops start-up if something selects it.
+A plugin that fails to import, implements an unknown hook or writes an ``async def`` hook is
+reported and skipped (unless ``AGENTIK_STRICT_PLUGINS=1``); it only stops start-up if something
+selects it.
+
+Hooks whose implementations must not affect one another (the ``register_*`` hooks at start-up,
+``before_turn`` / ``after_turn`` / ``before_compaction`` in a turn) are called one
+implementation at a time (:func:`call_each`, :func:`call_startup`), so a failure names its
+plugin and the other plugins' contributions stay.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
+import importlib.util
+import inspect
 import logging
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pluggy
-from pluggy import HookImpl, Result
+from pluggy import HookCaller, HookImpl, Result
 
 from agentik import hookspecs
 from agentik.core import builtin
-from agentik.core.settings import Settings
+from agentik.core.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
 CORE_PLUGIN = "agentik.core"
+
+
+class StartupError(Exception):
+    """Start-up cannot go on; the message says what to set or fix."""
+
+
+class PluginError(StartupError):
+    """Plugin code failed at start-up; the message names the plugin, what it was doing and the
+    error (one line). The original exception is its ``__cause__``."""
+
+    def __init__(self, plugin: str, what: str, error: BaseException) -> None:
+        super().__init__(f"plugin {plugin}: {what} failed: {type(error).__name__}: {error}")
+        self.plugin = plugin
+
+
+def call_impl(caller: HookCaller, impl: HookImpl, kwargs: Mapping[str, Any]) -> Any:
+    """Call one implementation of a hook with the arguments it asks for.
+
+    It goes through the manager's executor (what ``caller(**kwargs)`` uses for all of them), so
+    ``AGENTIK_TRACE_PLUGINS`` sees the call like any other.
+    """
+    results: Any = caller._hookexec(caller.name, [impl], dict(kwargs), False)
+    return results[0] if results else None
+
+
+def call_each(caller: HookCaller, where: str = "", **kwargs: Any) -> list[tuple[str, Any]]:
+    """Call every implementation on its own, in registration order; return ``(plugin, result)``
+    pairs. One that raises is logged with its plugin's name and the others go on."""
+    out = []
+    for impl in caller.get_hookimpls():
+        try:
+            out.append((impl.plugin_name, call_impl(caller, impl, kwargs)))
+        except Exception:
+            log.exception("%s of plugin %s failed%s", caller.name, impl.plugin_name, where)
+    return out
+
+
+def call_startup(caller: HookCaller, **kwargs: Any) -> None:
+    """Call every implementation in registration order at start-up; the first that raises stops
+    start-up with a :class:`PluginError` naming its plugin and the hook. Errors that already
+    say what is wrong (an invalid setting, a backend conflict) go through as they are."""
+    from agentik.core.registry import BackendError
+    from agentik.core.settings import SettingsError
+
+    for impl in caller.get_hookimpls():
+        try:
+            call_impl(caller, impl, kwargs)
+        except (PluginError, BackendError, SettingsError):
+            raise
+        except Exception as e:
+            raise PluginError(impl.plugin_name, caller.name, e) from e
+
+
+def _async_hooks(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
+    return [
+        caller.name
+        for caller in pm.get_hookcallers(plugin) or ()
+        for impl in caller.get_hookimpls()
+        if impl.plugin is plugin
+        and (
+            inspect.iscoroutinefunction(impl.function) or inspect.isasyncgenfunction(impl.function)
+        )
+    ]
 
 
 @dataclass
@@ -34,6 +108,9 @@ class PluginInfo:
     version: str | None = None
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
+    #: why it is not loaded: the variable that left it out (``blocked`` / ``skipped``)
+    reason: str | None = None
+    entry_point: Any = field(default=None, repr=False, compare=False)
 
 
 class Plugins:
@@ -43,6 +120,8 @@ class Plugins:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
+        #: start-up warnings about the plugin switches (logged by ``serve``, shown by ``plugins``)
+        self.warnings: list[str] = []
         self.add(builtin, CORE_PLUGIN)
 
     @property
@@ -62,12 +141,19 @@ class Plugins:
         try:
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
+            asynchronous = _async_hooks(self.pm, plugin)
+            if asynchronous:
+                raise TypeError(
+                    f"hook {', '.join(asynchronous)} is `async def`, but agentik hooks are "
+                    "synchronous (pluggy awaits nothing): make it a plain `def` that returns the "
+                    "awaitable, or registers async objects (see docs/plugin_hooks.md)"
+                )
         except Exception as e:
             if self.pm.get_plugin(name) is not None:
                 self.pm.unregister(name=name)
             self.infos[name] = PluginInfo(name, "failed", dist, version, f"{type(e).__name__}: {e}")
             if strict:
-                raise
+                raise PluginError(name, "loading", e) from e
             log.warning("plugin %s failed to load and is skipped: %s", name, e)
             return False
         hooks = sorted(c.name for c in self.pm.get_hookcallers(plugin) or ())
@@ -106,32 +192,116 @@ class Plugins:
         allowed = None if allow is None else set(allow)
         blocked = set(block)
         seen: set[str] = set()
+        known: set[str] = set()
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
             if ep.name in seen or ep.name in self.infos:
                 continue  # the same distribution twice on sys.path
             seen.add(ep.name)
             dist = ep.dist.name if ep.dist else None
             version = ep.dist.version if ep.dist else None
-            if (
-                ep.name in blocked
-                or (dist and dist in blocked)
-                or (allowed is not None and ep.name not in allowed and dist not in allowed)
-            ):
-                status = "blocked" if ep.name in blocked or dist in blocked else "skipped"
-                self.infos[ep.name] = PluginInfo(ep.name, status, dist, version)
-                self.pm.set_blocked(ep.name)
+            known.update(n for n in (ep.name, dist) if n)
+            if ep.name in blocked or (dist and dist in blocked):
+                self._leave_out(ep, "blocked", "AGENTIK_DISABLE_PLUGINS", dist, version)
+                continue
+            if allowed is not None and ep.name not in allowed and dist not in allowed:
+                self._leave_out(ep, "skipped", "AGENTIK_LOAD_PLUGINS", dist, version)
                 continue
             try:
                 plugin = ep.load()
             except Exception as e:
                 if strict:
-                    raise
+                    raise PluginError(ep.name, "import", e) from e
                 log.warning("plugin %s failed to import and is skipped: %s", ep.name, e)
                 self.infos[ep.name] = PluginInfo(
                     ep.name, "failed", dist, version, f"{type(e).__name__}: {e}"
                 )
                 continue
             self.add(plugin, ep.name, dist=dist, version=version, strict=strict)
+        for variable, names in (
+            ("AGENTIK_LOAD_PLUGINS", allowed or ()),
+            ("AGENTIK_DISABLE_PLUGINS", blocked),
+        ):
+            for name in sorted(set(names) - known):
+                self.warnings.append(
+                    f"{variable}: no installed plugin is called {name!r}{closest(name, known)}"
+                )
+
+    def load_dir(self, folder: Path, *, block: Iterable[str] = (), strict: bool = False) -> None:
+        """Every ``*.py`` of ``folder`` as a plugin named after its file (datasette's
+        ``--plugins-dir``): for a plugin too small to package."""
+        if not folder.is_dir():
+            raise SettingsError(f"AGENTIK_PLUGINS_DIR={str(folder)!r} is not a folder")
+        blocked = set(block)
+        for path in sorted(folder.glob("*.py")):
+            name = path.stem
+            if name in blocked:
+                self.infos[name] = PluginInfo(
+                    name, "blocked", str(path), reason="AGENTIK_DISABLE_PLUGINS"
+                )
+                continue
+            module_name = f"agentik_plugins_dir.{name}"
+            try:
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
+            except Exception as e:
+                sys.modules.pop(module_name, None)
+                if strict:
+                    raise PluginError(name, "import", e) from e
+                log.warning("plugin %s failed to import and is skipped: %s", path, e)
+                self.infos[name] = PluginInfo(name, "failed", str(path), None, _error(e))
+                continue
+            self.add(module, name, dist=str(path), strict=strict)
+
+    def _leave_out(
+        self, ep: Any, status: str, variable: str, dist: str | None, version: str | None
+    ) -> None:
+        self.infos[ep.name] = PluginInfo(
+            ep.name, status, dist, version, reason=variable, entry_point=ep
+        )
+        self.pm.set_blocked(ep.name)
+
+    def provider_left_out(self, hook: str, name: str) -> PluginInfo | None:
+        """The plugin left out by a switch that would register ``name`` through ``hook``.
+
+        Only asked when a name is unknown (the error path): the left-out plugins are imported
+        to look, never registered.
+        """
+        for info in self.infos.values():
+            if info.entry_point is None:
+                continue
+            found: list[str] = []
+
+            def register(
+                backend: str,
+                *args: Any,
+                aliases: Iterable[str] = (),
+                found: list[str] = found,
+                **kw: Any,
+            ) -> None:
+                found.extend([backend.lower(), *(a.lower() for a in aliases)])
+
+            try:
+                impl = getattr(info.entry_point.load(), hook, None)
+                if impl is not None:
+                    impl(register=register)
+            except Exception:
+                continue
+            if name in found:
+                return info
+        return None
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def closest(name: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest candidate, or ``""``."""
+    match = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def make_plugins(
@@ -143,8 +313,9 @@ def make_plugins(
     """Build a fresh manager: the core, the ``agentik`` entry points, then ``extra`` plugins.
 
     ``AGENTIK_LOAD_PLUGINS`` / ``AGENTIK_DISABLE_PLUGINS`` (comma lists of entry points or
-    distributions; ``none`` loads no entry point) and ``AGENTIK_STRICT_PLUGINS`` are parsed
-    here, with the core's declared parsers, because they decide which settings exist at all.
+    distributions; ``none`` loads no entry point), ``AGENTIK_PLUGINS_DIR`` (single-file
+    plugins, loaded whatever ``AGENTIK_LOAD_PLUGINS`` says) and ``AGENTIK_STRICT_PLUGINS`` are
+    parsed here, with the core's declared parsers, because they decide which settings exist.
     """
     plugins = Plugins()
     if load_entrypoints:
@@ -155,6 +326,12 @@ def make_plugins(
             block=switches["AGENTIK_DISABLE_PLUGINS"],
             strict=switches["AGENTIK_STRICT_PLUGINS"],
         )
+        if switches["AGENTIK_PLUGINS_DIR"] is not None:
+            plugins.load_dir(
+                switches["AGENTIK_PLUGINS_DIR"],
+                block=switches["AGENTIK_DISABLE_PLUGINS"],
+                strict=switches["AGENTIK_STRICT_PLUGINS"],
+            )
         if switches["AGENTIK_TRACE_PLUGINS"]:
             plugins.trace()
     for name, plugin in extra:

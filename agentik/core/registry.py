@@ -1,12 +1,15 @@
 """Backends registered by name, then chosen by an ``AGENTIK_*`` variable.
 
 Selection never depends on plugin order: a name registered twice is an error naming both
-plugins, and an unknown name is an error listing what is available.
+plugins, and an unknown name is an error listing what is available (or naming the switch that
+left its plugin out). A factory may build another registered backend by name and wrap it
+(:meth:`BackendRegistry.create`, given to factories that take a ``backends`` parameter).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,9 +40,17 @@ class Backend:
     aliases: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     extra: str | None = None
+    dist: str | None = None  # the plugin's distribution, for the install hint
 
     def missing_modules(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+    def install_hint(self) -> str:
+        if self.extra and self.dist:
+            return f"pip install '{self.dist}[{self.extra}]'"
+        if self.dist and self.dist != "agentik":
+            return f"pip install --upgrade '{self.dist}'"
+        return f"install {', '.join(self.missing_modules()) or 'it'}"
 
 
 @dataclass
@@ -49,8 +60,11 @@ class BackendRegistry:
     kind: str
     backends: dict[str, Backend] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    #: says why an unknown name is unknown (the plugin providing it is disabled), or None
+    explain_unknown: Callable[[str], str | None] | None = None
+    _creating: list[str] = field(default_factory=list)
 
-    def register_for(self, plugin: str) -> Register:
+    def register_for(self, plugin: str, dist: str | None = None) -> Register:
         def register(
             name: str,
             factory: Callable[..., Any],
@@ -59,19 +73,32 @@ class BackendRegistry:
             requires: Iterable[str] = (),
             extra: str | None = None,
         ) -> None:
+            if not callable(factory):
+                raise TypeError(
+                    f"register({name!r}, factory): the factory must be callable, "
+                    f"not {type(factory).__name__}"
+                )
             backend = Backend(
-                self.kind, name, factory, plugin, tuple(aliases), tuple(requires), extra
+                self.kind,
+                name.lower(),
+                factory,
+                plugin,
+                tuple(a.lower() for a in aliases),
+                tuple(requires),
+                extra,
+                dist,
             )
-            for key in (name, *backend.aliases):
+            for key in (backend.name, *backend.aliases):
                 owner = self._owner(key)
                 if owner is not None:
+                    first, second = sorted((owner.plugin, plugin))
                     raise BackendError(
                         f"{self.kind} backend {key!r} is registered by both "
-                        f"{owner.plugin} and {plugin}; disable one with AGENTIK_DISABLE_PLUGINS"
+                        f"{first} and {second}; disable one with AGENTIK_DISABLE_PLUGINS"
                     )
-            self.backends[name] = backend
+            self.backends[backend.name] = backend
             for alias in backend.aliases:
-                self.aliases[alias] = name
+                self.aliases[alias] = backend.name
 
         return register
 
@@ -83,16 +110,50 @@ class BackendRegistry:
         return None
 
     def get(self, name: str, *, variable: str) -> Backend:
+        """The backend called ``name`` (or one of its aliases), checked to be installable."""
         backend = self._owner(name.strip().lower())
         if backend is None:
+            why = self.explain_unknown(name.strip().lower()) if self.explain_unknown else None
+            if why:
+                raise BackendError(f"{variable}={name!r}: {why}")
             available = ", ".join(sorted(self.backends)) or "none installed"
             raise BackendError(
                 f"{variable}={name!r}: unknown {self.kind} backend; available: {available}"
             )
         missing = backend.missing_modules()
         if missing:
-            hint = f"pip install 'agentik[{backend.extra}]'" if backend.extra else "install it"
             raise BackendError(
-                f"{variable}={name!r}: the {self.kind} backend needs {', '.join(missing)}; {hint}"
+                f"{variable}={name!r}: the {self.kind} backend needs {', '.join(missing)}; "
+                f"{backend.install_hint()}"
             )
         return backend
+
+    def create(self, name: str, settings: Any, *, variable: str | None = None) -> Any:
+        """Build the backend called ``name`` with its factory: what start-up does with the
+        selected one, and what a backend that wraps another does with the inner one::
+
+            def make_cached(settings, backends):
+                return CachingLLM(backends.create(settings["CACHE_INNER"], settings))
+
+        A factory that raises is reported naming its plugin.
+        """
+        from agentik.core.plugins import PluginError
+        from agentik.core.settings import SettingsError
+
+        backend = self.get(name, variable=variable or f"{self.kind} backend")
+        if backend.name in self._creating:
+            chain = " -> ".join([*self._creating, backend.name])
+            raise BackendError(f"{self.kind} backends wrap each other in a loop: {chain}")
+        self._creating.append(backend.name)
+        try:
+            if "backends" in inspect.signature(backend.factory).parameters:
+                return backend.factory(settings, backends=self)
+            return backend.factory(settings)
+        except (BackendError, SettingsError, PluginError):
+            raise
+        except Exception as e:
+            raise PluginError(
+                backend.plugin, f"creating the {self.kind} backend {backend.name!r}", e
+            ) from e
+        finally:
+            self._creating.pop()

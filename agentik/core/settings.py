@@ -7,6 +7,7 @@ one line naming the variable. Plugins never read ``os.environ`` themselves.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -20,32 +21,41 @@ class SettingsError(Exception):
 
 
 def parse_int(raw: str) -> int:
-    return int(raw)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number, e.g. 10") from None
 
 
 def parse_positive_int(raw: str) -> int:
-    value = int(raw)
+    value = parse_int(raw)
     if value <= 0:
-        raise ValueError("must be greater than 0")
+        raise ValueError("must be a whole number greater than 0")
     return value
 
 
 def parse_non_negative_int(raw: str) -> int:
-    value = int(raw)
+    value = parse_int(raw)
     if value < 0:
-        raise ValueError("must be 0 or more")
+        raise ValueError("must be a whole number, 0 or more")
     return value
 
 
 def parse_port(raw: str) -> int:
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
     if not 0 <= value <= 65535:
         raise ValueError("must be a port number (0-65535)")
     return value
 
 
 def _finite(raw: str) -> float:
-    value = float(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number, e.g. 2.5") from None
     if not math.isfinite(value):
         raise ValueError("must be a finite number")
     return value
@@ -120,18 +130,70 @@ class Setting:
     def describe_default(self) -> str:
         return "—" if self.default is None else str(self.default)
 
+    def agrees_with(self, other: Setting) -> bool:
+        """Two plugins may share a variable when they declare it alike (same default, parser
+        and secrecy); the help text may differ."""
+        return (
+            self.default == other.default
+            and self.secret == other.secret
+            and _same_parser(self.parse, other.parse)
+        )
+
+
+def _same_parser(a: Callable[[str], Any], b: Callable[[str], Any]) -> bool:
+    if a is b or a == b:
+        return True
+    # parse_choice("a", "b") builds a new function each time: alike if code and choices are
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_a is not code_b:
+        return False
+    cells = [tuple(c.cell_contents for c in f.__closure__ or ()) for f in (a, b)]
+    return cells[0] == cells[1]
+
+
+def setting_conflicts(declared: Iterable[Setting]) -> list[str]:
+    """One line per variable that two plugins declare differently."""
+    first: dict[str, Setting] = {}
+    problems = []
+    for s in declared:
+        other = first.setdefault(s.name, s)
+        if other is not s and not other.agrees_with(s):
+            problems.append(
+                f"{s.name} is declared differently by {other.plugin} (default: "
+                f"{other.describe_default()}) and {s.plugin} (default: {s.describe_default()}); "
+                "disable one with AGENTIK_DISABLE_PLUGINS"
+            )
+    return problems
+
+
+def undeclared_variables(
+    declared: Iterable[str], env: Mapping[str, str] | None = None, prefix: str = "AGENTIK_"
+) -> list[str]:
+    """A warning for each ``AGENTIK_*`` variable set in the environment that no loaded plugin
+    declares (a typo, or the feature's plugin is gone), with the closest declared name."""
+    env = os.environ if env is None else env
+    names = set(declared)
+    warnings = []
+    for var in sorted(env):
+        if var.startswith(prefix) and var not in names:
+            match = difflib.get_close_matches(var, sorted(names), n=1)
+            hint = f" (did you mean {match[0]}?)" if match else ""
+            warnings.append(f"{var} is set but no loaded plugin declares it{hint}; it is ignored")
+    return warnings
+
 
 class Settings(Mapping[str, Any]):
     """Parsed values by variable name. Use ``settings["AGENTIK_PORT"]``."""
 
     def __init__(self, declared: Iterable[Setting], env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
+        declared = list(declared)
+        errors = setting_conflicts(declared)
         self.declared: dict[str, Setting] = {}
         values: dict[str, Any] = {}
-        errors: list[str] = []
         for s in declared:
             if s.name in self.declared:
-                continue  # the first declaration wins; a shared variable is declared by both
+                continue  # a variable shared on purpose, declared alike by both plugins
             self.declared[s.name] = s
             raw = env.get(s.name, "")
             if not raw.strip():

@@ -1,12 +1,19 @@
-"""Helpers for testing agentik and its plugins.
+"""Helpers for testing agentik and its plugins (docs/writing_plugins.md, "Test it").
 
 ``make_app`` builds a server from exactly the plugins you name (installed entry points are not
-loaded unless asked), ``temporary_plugin`` registers a plugin around a block, and
-:class:`ScriptedLLM` / :class:`EchoLLM` are in-process LLM backends::
+loaded unless asked), ``started_agent`` starts its agent as ``agentik serve`` would,
+``run_turn`` sends one message and returns the turn's events and the history,
+``temporary_plugin`` registers a plugin around a block, and :class:`ScriptedLLM` /
+:class:`EchoLLM` are in-process LLM backends::
 
-    async def test_my_tool(aiohttp_client):
-        llm = ScriptedLLM([ToolCallRequest("c1", "my_tool", "{}")], ["done"])
-        client = await aiohttp_client(make_app(llm=llm, plugins=[("my_plugin", my_plugin)]))
+    async def test_my_tool(agentik_agent, scripted_llm):  # fixtures of the pytest plugin
+        scripted_llm.steps = [[ToolCallRequest("c1", "my_tool", "{}")], ["done"]]
+        agent = await agentik_agent(plugins=[("my_plugin", my_plugin)])
+        turn = await run_turn(agent, "use my tool")
+        assert turn.text == "done"
+
+The fixtures (``agentik_agent``, ``scripted_llm``) come from :mod:`agentik.core.pytest_plugin`,
+which pytest loads by itself wherever agentik is installed (entry point ``pytest11``).
 """
 
 from __future__ import annotations
@@ -15,11 +22,13 @@ import asyncio
 import contextlib
 import importlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from agentik.core.app import create_app, load_settings
+from agentik.core.agent import ChatAgent, ChatConversation
+from agentik.core.app import create_app, load_settings, running
 from agentik.core.llm import (
     HistoryItem,
     LLMBackend,
@@ -34,6 +43,7 @@ from agentik.core.llm import (
 )
 from agentik.core.plugins import Plugins, make_plugins
 from agentik.core.tools import ToolSpec
+from agentik.core.types import AppendText, Event, Message, TextPart
 
 Step = Sequence[LLMChunk | str] | LLMError
 
@@ -119,6 +129,63 @@ def make_app(
     return create_app(load_settings(pm, env), pm, llm=llm if llm is not None else EchoLLM())
 
 
+@contextlib.asynccontextmanager
+async def started_agent(
+    *,
+    llm: LLMBackend | None = None,
+    plugins: Iterable[tuple[str, Any]] = (),
+    env: Mapping[str, str] | None = None,
+    builtins: Iterable[str] = (),
+) -> AsyncIterator[ChatAgent]:
+    """The agent of :func:`make_app`, started as ``agentik serve`` starts it (services, jobs)
+    and stopped on exit. No transport is loaded unless ``builtins`` names it."""
+    async with running(make_app(llm=llm, plugins=plugins, env=env, builtins=builtins)) as agent:
+        yield agent
+
+
+@dataclass
+class Turn:
+    """What :func:`run_turn` saw: the turn's events and the conversation's history after it."""
+
+    conversation: ChatConversation
+    events: list[Event]
+    history: list[Message]
+
+    @property
+    def text(self) -> str:
+        """The assistant's reply text (reasoning left out)."""
+        return "".join(e.text for e in self.events if isinstance(e, AppendText) and not e.reasoning)
+
+    @property
+    def types(self) -> list[str]:
+        return [e.type for e in self.events]
+
+
+TURN_TIMEOUT = 10.0  # seconds run_turn waits for a turn's End
+
+
+async def run_turn(target: ChatAgent | ChatConversation, text: str) -> Turn:
+    """Send ``text`` (to a new conversation when given the agent), wait for the turn's ``End``
+    (at most ``TURN_TIMEOUT`` seconds) and return its events and the history, oldest first."""
+    conv = await target.create_conversation() if isinstance(target, ChatAgent) else target
+    events = conv.events()
+    await conv.send([TextPart(text)])
+    seen: list[Event] = []
+
+    async def read() -> None:
+        async for event in events:
+            seen.append(event)
+            if event.type == "End":
+                return
+
+    try:
+        await asyncio.wait_for(read(), TURN_TIMEOUT)
+    finally:
+        await events.aclose()
+    await conv.wait_idle()
+    return Turn(conv, seen, await conv.get_messages(limit=10_000))
+
+
 @contextlib.contextmanager
 def temporary_plugin(plugins: Plugins, plugin: Any, name: str) -> Iterator[Any]:
     """Register ``plugin`` for the duration of a block."""
@@ -129,5 +196,14 @@ def temporary_plugin(plugins: Plugins, plugin: Any, name: str) -> Iterator[Any]:
         plugins.remove(name)
 
 
-__all__ = ["EchoLLM", "ScriptedLLM", "make_app", "temporary_plugin", "test_plugins"]
+__all__ = [
+    "EchoLLM",
+    "ScriptedLLM",
+    "Turn",
+    "make_app",
+    "run_turn",
+    "started_agent",
+    "temporary_plugin",
+    "test_plugins",
+]
 test_plugins.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

@@ -67,7 +67,8 @@ def banner_lines(agent: Any, settings: Settings) -> list[str] | None:
     backend = sys.modules.get("agentik_llm_litert.backend")  # loaded only if this one was chosen
     if backend is None or not isinstance(agent.llm, backend.LiteRtBackend):
         return None
-    return [f"llm: {agent.llm.description}", f"llm capabilities: {agent.llm.capabilities_line()}"]
+    # the core prints ``llm: <description>`` for every backend
+    return [f"llm capabilities: {agent.llm.capabilities_line()}"]
 
 
 @hookimpl

@@ -7,7 +7,6 @@ turn (its per-request transform, its stream reader and its import; see ``backend
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -58,11 +57,3 @@ def make_backend(settings: Settings) -> Any:
 @hookimpl
 def register_llm_backends(register: Callable[..., None]) -> None:
     register("openai", make_backend)  # aiohttp only: nothing extra to install
-
-
-@hookimpl
-def banner_lines(agent: Any, settings: Settings) -> list[str] | None:
-    backend = sys.modules.get("agentik_llm_openai.backend")  # loaded only if this one was chosen
-    if backend is None or not isinstance(agent.llm, backend.OpenAIBackend):
-        return None
-    return [f"llm: {agent.llm.description}"]
