@@ -223,9 +223,10 @@ class ChatAgent:
         if self.hooks is None:
             return
         pending = []
+        kwargs = {"conversation": conv, "items": items}
         for impl in self.hooks.before_compaction.get_hookimpls():
-            try:
-                result = impl.function(conversation=conv, items=items)
+            try:  # an implementation takes any subset of the parameters, as pluggy allows
+                result = impl.function(*[kwargs[a] for a in impl.argnames])
             except Exception:
                 log.exception(
                     "before_compaction of plugin %s failed in %s", impl.plugin_name, conv.id
