@@ -166,6 +166,23 @@ def before_compaction(
     """
 
 
+@hookspec(firstresult=True)
+def compact_context(
+    conversation: ChatConversation, context_tokens: int, forced: bool
+) -> Awaitable[Any] | None:
+    """Called before each send to the model (every step of a turn) with the running estimate
+    of the live context in tokens: system prompt + working memory + tool schemas + the step's
+    new input (``agentik.core.context``; the backend's own count where it reports one).
+
+    Return an awaitable to compact first: it calls ``conversation.compact(summarize)``, the
+    core's atomic operation, and the turn engine then rebuilds the live LLM conversation before
+    sending. Return ``None`` to send as is. ``forced`` is True when the endpoint has just
+    refused the step as too long (``LLMError.code == CONTEXT_LENGTH``): the step is retried
+    once if a compaction happened. The first implementation that returns an awaitable wins;
+    a failure is logged and the turn goes on. Must be cheap: it runs on every send.
+    """
+
+
 # --- operations ---------------------------------------------------------------------------
 
 
