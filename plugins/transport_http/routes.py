@@ -232,6 +232,37 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
     return await hub.serve(request, request.app[AGENT].event_batches(after, hub.linger))
 
 
+@routes.get("/conversations/{id}/stats")
+async def conversation_stats(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    stats = await conv.token_stats()
+    return web.json_response(
+        {
+            "conversationId": conv.id,
+            "turns": stats.turns,
+            "input": stats.input,
+            "output": stats.output,
+            "total": stats.input + stats.output,
+            "contextTokens": stats.context,
+        }
+    )
+
+
+@routes.get("/stats")
+async def agent_stats(request: web.Request) -> web.Response:
+    agent: ChatAgent = request.app[AGENT]
+    stats = await agent.store.token_stats()
+    return web.json_response(
+        {
+            "conversations": await agent.count_conversations(),
+            "turns": stats.turns,
+            "input": stats.input,
+            "output": stats.output,
+            "total": stats.input + stats.output,
+        }
+    )
+
+
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
     text = resources.files("agentik_transport_http").joinpath("openapi.json").read_text()
