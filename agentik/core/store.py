@@ -160,8 +160,11 @@ class Store(abc.ABC):
 
     async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
         """Bind a plugin's peewee models to this store's database and create their tables
-        (if missing); the plugin then queries them inside ``db.read``/``db.write``. None for
-        a store without a database (the in-memory one): the plugin keeps nothing."""
+        (if missing); the plugin then queries them inside ``db.read``/``db.write``. Call it
+        from a service (``register_services``: the database is open by then). peewee binds a
+        model class to one database: a plugin that may serve several agents in one process
+        (tests) binds a subclass per agent. None for a store without a database (the
+        in-memory one): the plugin keeps nothing."""
         return None
 
     @abc.abstractmethod
