@@ -197,5 +197,20 @@ def plugin_details(settings: Settings) -> dict[str, Any] | Awaitable[dict[str, A
 
 
 @hookspec
+def register_debug_actions(
+    register: Callable[..., None], agent: ChatAgent, settings: Settings
+) -> None:
+    """Offer an action of the debug endpoints (the ``debug`` plugin, with
+    ``AGENTIK_DEBUG_ENDPOINTS=1``), run by ``POST /debug/<name>``.
+
+    ``register(name, run, *, conversation=True, off=None)``: ``run(conversation)`` (``run()``
+    with ``conversation=False``) returns an awaitable of a JSON-able dict saying what it did;
+    with ``conversation=True`` the request names it with ``?conversationId=``. A feature that
+    is off registers ``run=None`` with ``off`` naming the variable that turns it on: the
+    endpoint answers 409 naming it. Called on each debug request, after start-up.
+    """
+
+
+@hookspec
 def banner_lines(agent: ChatAgent, settings: Settings) -> list[str] | None:
     """Lines for the start-up banner (``mcp: 4 tools from 2 servers``), printed by ``serve``."""

@@ -311,6 +311,37 @@ async def test_hook_compact_context(aiohttp_client):
     assert messages[-1].payload["text"] == "fits now"
 
 
+async def test_hook_register_debug_actions(aiohttp_client):
+    class P:
+        @hookimpl
+        def register_debug_actions(self, register, agent, settings):
+            async def count(conversation):
+                return {
+                    "conversationId": conversation.id,
+                    "turns": await conversation.count_turns(),
+                }
+
+            async def ping():
+                return {"agent": agent.id, "port": settings["AGENTIK_PORT"]}
+
+            register("count", count)
+            register("ping", ping, conversation=False)
+            register("mine", None, off="MY_MINING_INTERVAL")
+
+    app = make_app(
+        plugins=[("p", P())],
+        builtins=["agentik_transport_http", "agentik_debug"],
+        env={"AGENTIK_DEBUG_ENDPOINTS": "1"},
+    )
+    client = await aiohttp_client(app)
+    conv = await run_turn(app)
+    r = await client.post("/debug/count", params={"conversationId": conv.id})
+    assert await r.json() == {"conversationId": conv.id, "turns": 1}
+    assert await (await client.post("/debug/ping")).json() == {"agent": "agentik", "port": 8080}
+    r = await client.post("/debug/mine", params={"conversationId": conv.id})
+    assert r.status == 409 and "MY_MINING_INTERVAL" in (await r.json())["error"]["message"]
+
+
 async def test_hook_banner_lines(aiohttp_client):
     class P:
         @hookimpl

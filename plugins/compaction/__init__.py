@@ -70,6 +70,19 @@ def compact_context(
 
 
 @hookimpl
+def register_debug_actions(register: Callable[..., None], agent: ChatAgent) -> None:
+    compactor = _compactors.get(agent)
+    if compactor is None or compactor.limit is None:
+        register("compact", None, off=WINDOW_VARIABLES)
+        return
+
+    async def compact_now(conversation: ChatConversation) -> dict[str, Any]:
+        return await compactor.debug(conversation)
+
+    register("compact", compact_now)
+
+
+@hookimpl
 def banner_lines(agent: ChatAgent, settings: Settings) -> list[str]:
     window = agent.llm.context_window
     if not window:

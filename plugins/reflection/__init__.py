@@ -107,6 +107,15 @@ def after_turn(conversation: ChatConversation) -> Awaitable[Any] | None:
 
 
 @hookimpl
+def register_debug_actions(register: Callable[..., None], agent: ChatAgent) -> None:
+    reflector = _reflectors.get(agent)
+    if reflector is None:
+        register("reflect", None, off="AGENTIK_REFLECTION_INTERVAL")
+    else:
+        register("reflect", reflector.reflect)
+
+
+@hookimpl
 def banner_lines(settings: Settings) -> list[str]:
     interval = settings["AGENTIK_REFLECTION_INTERVAL"]
     if not interval:
