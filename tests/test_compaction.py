@@ -248,3 +248,30 @@ async def test_banner_line(aiohttp_client, window, line):
     app = make_app(llm=WindowLLM(window=window), plugins=[PLUGIN])
     await aiohttp_client(app)
     assert f"  {line}" in await banner(app, "127.0.0.1", 8080)
+
+
+async def test_a_compaction_that_fails_midway_leaves_the_old_memory(tmp_path):
+    import sqlite3 as sqlite
+
+    from agentik.core.db import Database
+    from agentik.core.store import SqliteStore, utcnow
+    from agentik.core.types import ConversationInfo, Message
+
+    store = SqliteStore(Database(str(tmp_path / "s.db")))
+    await store.open()
+    now = utcnow()
+    await store.create_conversation(ConversationInfo("c1", None, False, now, now))
+    taken = Message("sum-1", "c1", "summary", now, {"text": "an earlier summary"})
+    await store.append("c1", [taken], [HistoryItem("user", str(i)) for i in range(6)])
+    before = await store.list_memory("c1")
+    # the summary record comes last in the transaction: its id is taken, so it fails after the
+    # old entries were deleted and the summary entry written; all of it is rolled back
+    record = Message("sum-1", "c1", "summary", now, {"text": "S"})
+    with pytest.raises(sqlite.IntegrityError):
+        await store.compact_memory("c1", 4, HistoryItem("summary", "S"), record)
+    assert await store.list_memory("c1") == before
+    record = Message("sum-2", "c1", "summary", now, {"text": "S"})
+    await store.compact_memory("c1", 4, HistoryItem("summary", "S"), record)
+    assert [r.item.text for r in await store.list_memory("c1")] == ["S", "4", "5"]
+    assert [m.id for m in await store.list_messages("c1", None, 0, 10)] == ["sum-1", "sum-2"]
+    await store.close()

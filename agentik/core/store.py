@@ -401,18 +401,6 @@ class SqliteStore(Store):
         record: Message | None = None,
     ) -> None:
         def q() -> None:
-            if record is not None:
-                self.db.execute(
-                    _INSERT_MESSAGE,
-                    (
-                        record.id,
-                        conversation_id,
-                        record.kind,
-                        None,
-                        _ts(record.created_at),
-                        json.dumps(record.payload, ensure_ascii=False),
-                    ),
-                )
             self.db.execute(
                 "DELETE FROM working_memory WHERE conversation_id = ? AND order_idx < ?",
                 (conversation_id, drop_before_idx),
@@ -429,6 +417,18 @@ class SqliteStore(Store):
                     _ts(utcnow()),
                 ),
             )
+            if record is not None:
+                self.db.execute(
+                    _INSERT_MESSAGE,
+                    (
+                        record.id,
+                        conversation_id,
+                        record.kind,
+                        None,
+                        _ts(record.created_at),
+                        json.dumps(record.payload, ensure_ascii=False),
+                    ),
+                )
 
         await self.db.write(q)
 

@@ -62,9 +62,10 @@ def compact_context(
     conversation: ChatConversation, context_tokens: int, forced: bool
 ) -> Awaitable[Any] | None:
     compactor = _compactors.get(conversation.agent)
-    if compactor is None or compactor.limit is None:
+    if compactor is None:
         return None
-    if not forced and context_tokens < compactor.limit:
+    limit = compactor.limit
+    if limit is None or (not forced and context_tokens < limit):
         return None
     return compactor.compact(conversation, context_tokens)
 
