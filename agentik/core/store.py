@@ -68,6 +68,15 @@ class TokenStats:
     #: of one conversation: the last turn's context size (its input plus its growth), if known
     context: int | None = None
 
+    def to_json(self) -> dict[str, int]:
+        """The totals as the HTTP API shows them (``contextTokens`` is the caller's)."""
+        return {
+            "turns": self.turns,
+            "input": self.input,
+            "output": self.output,
+            "total": self.input + self.output,
+        }
+
 
 class Store(abc.ABC):
     """Conversations, their audit log and their working memory."""

@@ -84,10 +84,7 @@ def add_routes(app: web.Application, agent: ChatAgent, settings: Settings) -> No
         return web.json_response(
             {
                 "conversationId": conv.id,
-                "turns": stats.turns,
-                "input": stats.input,
-                "output": stats.output,
-                "total": stats.input + stats.output,
+                **stats.to_json(),
                 "contextTokens": stats.context,
                 "liveContextTokens": conv.context_tokens,
                 "contextWindow": agent.llm.context_window,

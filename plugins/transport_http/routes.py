@@ -237,14 +237,7 @@ async def conversation_stats(request: web.Request) -> web.Response:
     conv = await conversation_or_404(request)
     stats = await conv.token_stats()
     return web.json_response(
-        {
-            "conversationId": conv.id,
-            "turns": stats.turns,
-            "input": stats.input,
-            "output": stats.output,
-            "total": stats.input + stats.output,
-            "contextTokens": stats.context,
-        }
+        {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
     )
 
 
@@ -253,13 +246,7 @@ async def agent_stats(request: web.Request) -> web.Response:
     agent: ChatAgent = request.app[AGENT]
     stats = await agent.store.token_stats()
     return web.json_response(
-        {
-            "conversations": await agent.count_conversations(),
-            "turns": stats.turns,
-            "input": stats.input,
-            "output": stats.output,
-            "total": stats.input + stats.output,
-        }
+        {"conversations": await agent.count_conversations(), **stats.to_json()}
     )
 
 
