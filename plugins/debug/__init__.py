@@ -52,9 +52,9 @@ def register_transports(register: Callable[..., None]) -> None:
 def banner_lines(settings: Settings) -> list[str] | None:
     if not settings["AGENTIK_DEBUG_ENDPOINTS"]:
         return None
+    posts = ["reflect?conversationId=", "skill-mine?conversationId=", "compact?conversationId="]
     return [
-        "  POST /debug/{reflect,skill-mine,compact}?conversationId=  -> 200",
-        "  POST /debug/curate                                       -> 200",
-        "  GET  /debug/tokens?conversationId=                       -> 200",
+        *(f"  POST /debug/{path:<45}-> 200" for path in [*posts, "curate"]),
+        f"  GET  /debug/{'tokens?conversationId=':<45}-> 200",
         "WARNING: debug endpoints are on (AGENTIK_DEBUG_ENDPOINTS=1): never expose this server",
     ]
