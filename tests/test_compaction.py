@@ -275,3 +275,29 @@ async def test_a_compaction_that_fails_midway_leaves_the_old_memory(tmp_path):
     assert [r.item.text for r in await store.list_memory("c1")] == ["S", "4", "5"]
     assert [m.id for m in await store.list_messages("c1", None, 0, 10)] == ["sum-1", "sum-2"]
     await store.close()
+
+
+async def test_an_interrupt_during_the_summary_leaves_memory_as_it_was(aiohttp_client):
+    asked = asyncio.Event()
+
+    async def slow_summary():
+        asked.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    llm = WindowLLM(window=10_000, summaries=[slow_summary])
+    agent = await start(aiohttp_client, llm)
+    conv = await agent.create_conversation()
+    await fill(conv, 6)
+    before = await agent.store.list_memory(conv.id)
+    llm.context_window = 300
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send([TextPart("stop me")])
+    await asyncio.wait_for(asked.wait(), 5)
+    assert conv.interrupt()
+    assert [e.type for e in await events][-2:] == ["Interrupted", "End"]
+    await conv.wait_idle()
+    after = await agent.store.list_memory(conv.id)
+    assert after[: len(before)] == before and conv.compactions == 0
+    assert "summary" not in [m.kind for m in await conv.get_messages(limit=100)]
