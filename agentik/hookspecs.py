@@ -166,6 +166,23 @@ def before_compaction(
     """
 
 
+@hookspec(firstresult=True)
+def compact_context(
+    conversation: ChatConversation, context_tokens: int, forced: bool
+) -> Awaitable[Any] | None:
+    """Called before each send to the model (every step of a turn) with the running estimate
+    of the live context in tokens: system prompt + working memory + tool schemas + the step's
+    new input (``agentik.core.context``; the backend's own count where it reports one).
+
+    Return an awaitable to compact first: it calls ``conversation.compact(summarize)``, the
+    core's atomic operation, and the turn engine then rebuilds the live LLM conversation before
+    sending. Return ``None`` to send as is. ``forced`` is True when the endpoint has just
+    refused the step as too long (``LLMError.code == CONTEXT_LENGTH``): the step is retried
+    once if a compaction happened. The first implementation that returns an awaitable wins;
+    a failure is logged and the turn goes on. Must be cheap: it runs on every send.
+    """
+
+
 # --- operations ---------------------------------------------------------------------------
 
 
@@ -176,6 +193,21 @@ def plugin_details(settings: Settings) -> dict[str, Any] | Awaitable[dict[str, A
     Return a JSON-able dict (or an awaitable of one), e.g. each MCP server of ``mcp.json``, whether
     it starts and its tools. It runs in the ``plugins`` command, without a server: start and
     stop what you need to find out, within about 60 s.
+    """
+
+
+@hookspec
+def register_debug_actions(
+    register: Callable[..., None], agent: ChatAgent, settings: Settings
+) -> None:
+    """Offer an action of the debug endpoints (the ``debug`` plugin, with
+    ``AGENTIK_DEBUG_ENDPOINTS=1``), run by ``POST /debug/<name>``.
+
+    ``register(name, run, *, conversation=True, off=None)``: ``run(conversation)`` (``run()``
+    with ``conversation=False``) returns an awaitable of a JSON-able dict saying what it did;
+    with ``conversation=True`` the request names it with ``?conversationId=``. A feature that
+    is off registers ``run=None`` with ``off`` naming the variable that turns it on: the
+    endpoint answers 409 naming it. Called on each debug request, after start-up.
     """
 
 

@@ -4,6 +4,13 @@ agentik: an agent built like ``create_app`` builds it, ScriptedLLM, SQLite file 
 conversation then N turns (``send`` + ``wait_idle``). Floor: bench/floors/inproc_loop.py "fair"
 (the same rows and commits, sqlite3 on the loop). "turn 10" is the median of turns 5-15 and
 "turn 1,000" the median of turns 990-1,000, over every repeat.
+
+With compaction on (issue 7): the same 1,000 turns with the compaction plugin and a 400-token
+window (a compaction every ~25 turns; the summary call is scripted, so it costs ~nothing), the
+server started as ``agentik serve`` starts it (services included). "turn 10" / "turn 1,000"
+are the medians of the turns around them that did not compact; the compacting turns are
+reported apart. And the price of the pre-send check (running token estimate + the
+``compact_context`` hook) on a 100-message working memory, against re-scanning that memory.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import Any
 
 import common
 from common import row, stats
-from inproc import agentik_turns, floor_turns, open_agent
+from inproc import HI, LeanScriptedLLM, agentik_turns, floor_turns, open_agent
 from inproc_loop import Loop
 
 
@@ -107,6 +114,7 @@ async def main(args: Any) -> dict[str, Any]:
             target="(info)",
         ),
     ]
+    rows += await compaction_rows(tmp, pid, n_long, reps1k)
     notes = [f"25-turn: {reps25} alternating repeats; {n_long}-turn: {reps1k} alternating repeats"]
     return {
         "id": "B10",
@@ -115,6 +123,111 @@ async def main(args: Any) -> dict[str, Any]:
         "notes": notes,
         "raw": {"st25": st25, "a10": a10, "a1k": a1k, "f10": f10, "f1k": f1k},
     }
+
+
+class WindowLLM(LeanScriptedLLM):
+    """No token usage reported (the chars/4 running estimate is used); short summaries."""
+
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.context_window = window
+
+    def default(self, inputs: Any) -> Any:
+        return ["echo: hi"]
+
+    async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
+        return "Goal: bench. Active: none. Resolved: none. Blocked: none. Remaining: none."
+
+
+async def started_agent(db: str, window: int) -> tuple[Any, Any]:
+    """An agent with the compaction plugin, started as ``serve`` starts it (no socket)."""
+    from aiohttp import web
+
+    import agentik_compaction
+    from agentik.core.app import AGENT, create_app, load_settings
+    from agentik.core.testing import test_plugins
+
+    pm = test_plugins([("agentik_compaction", agentik_compaction)])
+    app = create_app(load_settings(pm, {"AGENTIK_DB_PATH": db}), pm, llm=WindowLLM(window))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    return app[AGENT], runner
+
+
+async def compaction_rows(tmp: Any, pid: int, n_long: int, reps: int) -> list[dict[str, Any]]:
+    agent, runner = await started_agent(str(tmp / f"b10-compact-{pid}.db"), 400)
+    await agentik_turns(await agent.create_conversation(), 30, [], [])  # warm up
+    plain: list[list[tuple[int, float]]] = []  # (turn index, CPU µs) of turns without one
+    compacting: list[float] = []
+    counts: list[float] = []
+    pt = time.process_time
+    for _ in range(reps):
+        conv = await agent.create_conversation()
+        run: list[tuple[int, float]] = []
+        for i in range(1, n_long + 1):
+            before, c0 = conv.compactions, pt()
+            await conv.send(HI)
+            await conv.wait_idle()
+            cpu = (pt() - c0) * 1e6
+            (compacting.append(cpu) if conv.compactions > before else run.append((i, cpu)))
+        plain.append(run)
+        counts.append(conv.compactions)
+    await runner.cleanup()
+
+    def near(lo: int, hi: int) -> dict[str, float]:
+        return stats(cpu for run in plain for i, cpu in run if lo <= i <= hi)
+
+    early, late = near(5, 15), near(n_long - 10, n_long)
+
+    # the pre-send check on a 100-message working memory (50 turns, far below the window)
+    from agentik.core.context import context_tokens
+    from agentik.core.llm import UserInput
+
+    agent, runner = await started_agent(str(tmp / f"b10-estimate-{pid}.db"), 10**9)
+    conv = await agent.create_conversation()
+    await agentik_turns(conv, 50, [], [])
+    memory = [r.item for r in await agent.store.list_memory(conv.id)]
+    assert len(memory) == 100, len(memory)
+    inputs = [UserInput("hi")]
+    prompt, specs = agent.system_prompt(), agent.tools.specs()
+    check, rescan = [], []
+    for _ in range(7):  # process CPU: the machine may be shared
+        n = 20_000
+        c0 = pt()
+        for _ in range(n):
+            await conv._compact_before_send(inputs, False)
+        check.append((pt() - c0) / n * 1e6)
+        c0 = pt()
+        for _ in range(n // 10):
+            context_tokens(prompt, memory, specs)
+        rescan.append((pt() - c0) / (n // 10) * 1e6)
+    await runner.cleanup()
+    return [
+        row(
+            f"compaction on: turn {n_long} vs turn 10, CPU per turn without a compaction",
+            late,
+            early,
+            unit="µs",
+            target="≤ 1.1x",
+            met=late["median"] / early["median"] <= 1.1,
+        ),
+        row(
+            "compaction on: CPU of a compacting turn (scripted summary) vs a plain turn 10",
+            stats(compacting),
+            early,
+            unit="µs",
+            target="(info)",
+        ),
+        row(f"compaction on: compactions in {n_long} turns", stats(counts), target="(info)"),
+        row(
+            "pre-send check per send, 100-message memory (running estimate + hook) vs re-scan",
+            stats(check),
+            stats(rescan),
+            unit="µs",
+            target="≤ 50 µs",
+            met=stats(check)["median"] <= 50,
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class Reply:
     hang: bool = False  # send the headers, then nothing until the server closes
     fail_after: int | None = None  # drop the connection after this many chunks
     raw: str | None = None  # streamed verbatim instead of chunks (malformed streams)
+    code: str | None = None  # the error body's code, e.g. "context_length_exceeded" (a 400)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Reply:
@@ -165,6 +166,7 @@ class FakeOpenAI:
         stream = bool(body.get("stream"))
         if reply.status != 200:
             text, kind, code = ERRORS.get(reply.status, (SERVER_ERROR, "server_error", None))
+            code = reply.code or code
             error = {"message": reply.text or text, "type": kind, "param": None, "code": code}
             return web.json_response({"error": error}, status=reply.status)
         if reply.hang:  # the headers, then nothing until close()

@@ -262,6 +262,86 @@ async def test_hook_before_compaction(aiohttp_client, caplog):
     assert "before_compaction of plugin bl failed" in caplog.text
 
 
+async def test_hook_compact_context(aiohttp_client):
+    from agentik.core.llm import CONTEXT_LENGTH, LLMError
+
+    calls: list[tuple[int, bool]] = []
+    limit = [60]
+
+    class Compactor:
+        @hookimpl
+        def compact_context(self, conversation, context_tokens, forced):
+            calls.append((context_tokens, forced))
+            if context_tokens < limit[0] and not forced:
+                return None
+
+            async def summarize(items):
+                return f"{len(items)} old entries"
+
+            return conversation.compact(summarize)
+
+    llm = ScriptedLLM(*[[f"answer {i}"] for i in range(6)])
+    app = make_app(llm=llm, plugins=[("c", Compactor())])
+    await aiohttp_client(app)
+    agent = app[AGENT]
+    conv = await agent.create_conversation()
+    for i in range(6):
+        await conv.send([TextPart(f"question number {i}")])
+        await conv.wait_idle()
+    # the running estimate grows by each turn; it reaches 60 at the 4th turn, but there is
+    # something to summarise (beyond the last 4 whole turns) only at the 6th
+    assert [forced for _, forced in calls] == [False] * 6
+    assert calls[0][0] < calls[1][0] < calls[2][0] < 60 <= calls[3][0]
+    assert conv.compactions == 1
+    history = llm.conversations[-1].history
+    assert history[0] == HistoryItem("summary", "2 old entries")
+    assert [h.text for h in history[1:] if h.role == "user"] == [
+        f"question number {i}" for i in range(1, 5)
+    ]
+
+    # the endpoint refuses the step as too long: one forced compaction, one retry
+    limit[0] = 10_000
+    llm.steps = [LLMError("context too long", CONTEXT_LENGTH), ["fits now"]]
+    await conv.send([TextPart("one more")])
+    await conv.wait_idle()
+    assert calls[-2:] == [(calls[-2][0], False), (calls[-2][0], True)]
+    assert conv.compactions == 2
+    messages = await conv.get_messages(limit=100)
+    assert messages[-1].kind == "assistant", messages[-1].payload
+    assert messages[-1].payload["text"] == "fits now"
+
+
+async def test_hook_register_debug_actions(aiohttp_client):
+    class P:
+        @hookimpl
+        def register_debug_actions(self, register, agent, settings):
+            async def count(conversation):
+                return {
+                    "conversationId": conversation.id,
+                    "turns": await conversation.count_turns(),
+                }
+
+            async def ping():
+                return {"agent": agent.id, "port": settings["AGENTIK_PORT"]}
+
+            register("count", count)
+            register("ping", ping, conversation=False)
+            register("mine", None, off="MY_MINING_INTERVAL")
+
+    app = make_app(
+        plugins=[("p", P())],
+        builtins=["agentik_transport_http", "agentik_debug"],
+        env={"AGENTIK_DEBUG_ENDPOINTS": "1"},
+    )
+    client = await aiohttp_client(app)
+    conv = await run_turn(app)
+    r = await client.post("/debug/count", params={"conversationId": conv.id})
+    assert await r.json() == {"conversationId": conv.id, "turns": 1}
+    assert await (await client.post("/debug/ping")).json() == {"agent": "agentik", "port": 8080}
+    r = await client.post("/debug/mine", params={"conversationId": conv.id})
+    assert r.status == 409 and "MY_MINING_INTERVAL" in (await r.json())["error"]["message"]
+
+
 async def test_hook_banner_lines(aiohttp_client):
     class P:
         @hookimpl

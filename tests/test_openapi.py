@@ -403,6 +403,19 @@ async def test_server_matches_document(api: Api) -> None:
     temp_history = await api.call("GET", f"/agentik/conversations/{temp['id']}/messages", 200)
     assert temp_history["items"] == []
 
+    # token stats: the tool round-trip counted (10 in; 14 + 3 - 10 out), the others could not
+    stats = await api.call("GET", f"{base}/stats", 200)
+    assert stats == {
+        "conversationId": cid,
+        "turns": 3,
+        "input": 10,
+        "output": 7,
+        "total": 17,
+        "contextTokens": None,  # the last turn (interrupted) has no count
+    }
+    totals = await api.call("GET", "/agentik/stats", 200)
+    assert totals == {"conversations": 1, "turns": 3, "input": 10, "output": 7, "total": 17}
+
     # errors
     unknown = "/agentik/conversations/conv-nope"
     await api.call("GET", unknown, 404)
@@ -412,6 +425,7 @@ async def test_server_matches_document(api: Api) -> None:
     await api.call("GET", f"{unknown}/messages", 404)
     await api.call("POST", f"{unknown}/interrupt", 404)
     await api.call("GET", f"{unknown}/events", 404)
+    await api.call("GET", f"{unknown}/stats", 404)
     await api.call("GET", f"{base}/messages", 404, params={"after": "msg-nope"})
     as_json = {"Content-Type": "application/json"}
     await api.call("POST", "/agentik/conversations", 400, data=b"{bad json", headers=as_json)
@@ -664,3 +678,34 @@ async def test_gap_events_match_document(aiohttp_client: Any) -> None:
         assert gap["data"] == {"type": "Gap", "after": oldest - 2}
         assert (await behind.frame())["id"] == oldest
         behind.close()
+
+
+# --- Compacted events -----------------------------------------------------------------------
+
+
+class CompactEveryTurn:
+    """Compacts before every send once there is something to summarise."""
+
+    @hookimpl
+    def compact_context(self, conversation: Any) -> Any:
+        async def summarize(items: Any) -> str:
+            return f"Goal: {len(items)} entries."
+
+        return conversation.compact(summarize)
+
+
+async def test_compacted_events_match_document(aiohttp_client: Any) -> None:
+    app = make_app(llm=ScriptedLLM(), plugins=[("compact", CompactEveryTurn())])
+    api = Api(await aiohttp_client(app))
+    cid = (await api.call("POST", "/agentik/conversations", 201))["id"]
+    base = f"/agentik/conversations/{cid}"
+    stream = await api.stream(f"{base}/events")
+    for _ in range(7):
+        await api.call("POST", f"{base}/messages", 202, json=TEXT)
+        await stream.until(lambda d: d["type"] == "End")
+    compacted = [f["data"] for f in stream.frames if f["event"] == "Compacted"]
+    stream.close()
+    assert len(compacted) == 2  # before turns 6 and 7: 5 whole turns are done
+    history = await api.call("GET", f"{base}/messages", 200)
+    summaries = [m["id"] for m in history["items"] if m["type"] == "summary"]
+    assert summaries == [c["summaryId"] for c in compacted]

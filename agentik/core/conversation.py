@@ -8,12 +8,22 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentik.core.context import (
+    KEEP_TURNS,
+    MESSAGE_TOKENS,
+    Compaction,
+    compaction_cut,
+    context_tokens,
+    inputs_tokens,
+)
 from agentik.core.events import EventLog, StreamItem, flatten
 from agentik.core.llm import (
+    CONTEXT_LENGTH,
     HistoryItem,
+    LLMChunk,
     LLMConversation,
     LLMError,
     LLMInput,
@@ -24,9 +34,10 @@ from agentik.core.llm import (
     Usage,
     UserInput,
 )
-from agentik.core.store import Store, utcnow
+from agentik.core.store import Store, TokenStats, utcnow
 from agentik.core.types import (
     AppendText,
+    Compacted,
     ContentPart,
     ConversationInfo,
     End,
@@ -85,10 +96,11 @@ class ConversationClosed(Exception):
 class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
-    __slots__ = ("ended", "llm_text", "memory", "open_calls", "text", "user")
+    __slots__ = ("ended", "llm_text", "memory", "open_calls", "steps", "text", "user")
 
     def __init__(self, user: Message) -> None:
         self.user = user
+        self.steps = 0  # sends to the model so far
         self.llm_text = ""  # the user's text as the model sees it (context prefix included)
         self.ended = False  # its End event was emitted
         # working-memory entries not written yet: they go with the turn's next write, so a
@@ -121,6 +133,14 @@ class ChatConversation:
         self._evicted = False  # dropped from the agent's memory while idle; see _current()
         #: how many live LLM conversations were built for this chat (tests and debugging)
         self.llm_builds = 0
+        #: running estimate of the live LLM context in tokens (None: none is built); see
+        #: agentik.core.context
+        self.context_tokens: int | None = None
+        #: compactions of this chat's working memory since it was loaded
+        self.compactions = 0
+        self._compacting = asyncio.Lock()
+        self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
+        self._running: str | None = None  # the user message id of the running turn
 
     # --- the protocol -----------------------------------------------------------------------
 
@@ -293,13 +313,14 @@ class ChatConversation:
         while self._queue and not self._closed:
             msg = self._queue.popleft()
             self._interrupting = self._finishing = False
+            self._running = msg.id
             self._turn_task = asyncio.create_task(self._run_turn(msg), name=f"turn-{msg.id}")
             await asyncio.wait([self._turn_task])
             if not self._turn_task.cancelled() and self._turn_task.exception():
                 log.error(
                     "turn %s of %s crashed", msg.id, self.id, exc_info=self._turn_task.exception()
                 )
-        self._turn_task = None
+        self._turn_task = self._running = None
         # once this worker is done, this conversation is idle and may be dropped too
         asyncio.get_running_loop().call_soon(self.agent.evict_idle)
 
@@ -321,14 +342,20 @@ class ChatConversation:
     async def _live_llm(self) -> LLMConversation:
         if self._llm is None:
             rows = await self._store.list_memory(self.id)
-            self._llm = self.agent.llm.create_conversation(
-                self.agent.system_prompt(), [r.item for r in rows], self.agent.tools.specs()
+            prompt, items, specs = (
+                self.agent.system_prompt(),
+                [r.item for r in rows],
+                self.agent.tools.specs(),
             )
+            self._llm = self.agent.llm.create_conversation(prompt, items, specs)
+            self.context_tokens = context_tokens(prompt, items, specs)  # the only full scan
+            self._llm_stale = False
             self.llm_builds += 1
         return self._llm
 
     async def _reset_llm(self) -> None:
         llm, self._llm = self._llm, None
+        self.context_tokens = None
         if llm is not None:
             try:
                 await llm.aclose()
@@ -369,7 +396,9 @@ class ChatConversation:
 
     async def _turn_body(self, turn: _Turn) -> None:
         text = turn.llm_text = self._llm_text(turn.user)
-        llm = await self._live_llm()
+        if self._llm_stale:  # compacted between turns: rebuild from the compacted memory
+            await self._reset_llm()
+        await self._live_llm()
         turn.memory.append(HistoryItem("user", text))
         extra = await self.agent.before_turn(self, text)
         inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text)]
@@ -381,7 +410,7 @@ class ChatConversation:
             calls: list[ToolCallRequest] = []
             started = reasoning = False
             step_usage: Usage | None = None
-            async for chunk in llm.stream(inputs):
+            async for chunk in self._step(turn, inputs):
                 if isinstance(chunk, TextDelta):
                     if not started:
                         started = True
@@ -416,6 +445,123 @@ class ChatConversation:
             else None,
         )
         await self._finish(turn, step_text, tokens)
+
+    async def _step(self, turn: _Turn, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        """One send of a turn: a compaction first when a plugin asks for one, then the stream;
+        when the endpoint refuses the context as too long, one forced compaction and one retry.
+        Keeps :attr:`context_tokens` running."""
+        first = turn.steps == 0
+        turn.steps += 1
+        # after a compaction in a tool loop the rebuilt conversation already holds this step's
+        # tool results (they are in working memory): it is sent with no new input
+        if await self._compact_before_send(inputs, forced=False) and not first:
+            inputs = []
+        retried = False
+        while True:
+            llm = await self._live_llm()
+            chars, usage, streamed = 0, None, False
+            try:
+                async for chunk in llm.stream(inputs):
+                    streamed = True
+                    if isinstance(chunk, TextDelta):
+                        chars += len(chunk.text)
+                    elif isinstance(chunk, ToolCallRequest):
+                        chars += len(chunk.name) + len(chunk.args_json)
+                    elif isinstance(chunk, Usage):
+                        usage = chunk
+                    yield chunk
+            except LLMError as e:
+                if e.code != CONTEXT_LENGTH or streamed or retried:
+                    raise
+                retried = True
+                if not await self._compact_before_send(inputs, forced=True):
+                    raise
+                inputs = inputs if first else []
+                continue
+            break
+        if usage is not None and usage.input_tokens is not None:  # the backend's own count
+            self.context_tokens = usage.input_tokens + (usage.output_tokens or 0)
+        elif self.context_tokens is not None:
+            self.context_tokens += inputs_tokens(inputs) + chars // 4 + MESSAGE_TOKENS
+
+    async def _compact_before_send(self, inputs: Sequence[LLMInput], forced: bool) -> bool:
+        """Ask the ``compact_context`` hook whether to compact before this send (or, ``forced``,
+        after the endpoint refused it) and run what it returns. True when working memory was
+        compacted and the live conversation rebuilt. A failure is logged; the turn goes on."""
+        hooks = self.agent.hooks
+        if hooks is None or self.context_tokens is None:
+            return False
+        tokens = self.context_tokens + inputs_tokens(inputs)
+        done = self.compactions
+        try:
+            work = hooks.compact_context(conversation=self, context_tokens=tokens, forced=forced)
+            if work is None:
+                return False
+            await work
+        except Exception:
+            log.warning("context compaction of %s failed; the turn goes on", self.id, exc_info=True)
+            return False
+        if self.compactions == done:
+            return False
+        await self._reset_llm()
+        await self._live_llm()
+        return True
+
+    async def compact(
+        self,
+        summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
+        keep_turns: int = KEEP_TURNS,
+    ) -> Compaction | None:
+        """Replace the old turns of working memory by one summary (F10's atomic operation).
+
+        The last ``keep_turns`` whole turns (and the running turn) stay as they are; the entries
+        before them, an earlier summary included, go to ``summarize``, which returns the summary
+        text. Then, in one transaction, they are replaced by one ``summary`` entry and a
+        ``summary`` record is added to the audit log; a :class:`Compacted` event follows and the
+        live LLM conversation is rebuilt before the next send. None, and nothing changed, when
+        there is nothing to summarise or ``summarize`` returned no text or raised (logged).
+        Safe to call between turns and while one runs: compactions of a chat run one at a time.
+        """
+        async with self._compacting:
+            rows = await self._store.list_memory(self.id)
+            cut = compaction_cut(rows, keep_turns, self._running)
+            if cut is None:
+                return None
+            old = [r.item for r in rows[:cut]]
+            try:
+                text = await summarize(old)
+            except Exception:
+                log.warning("the summary for compacting %s failed", self.id, exc_info=True)
+                return None
+            if not text or not text.strip():
+                return None
+            prompt, specs = self.agent.system_prompt(), self.agent.tools.specs()
+            kept = [r.item for r in rows[cut:]]
+            summary = HistoryItem("summary", text.strip())
+            before = self.context_tokens
+            if before is None or self._llm_stale:
+                before = context_tokens(prompt, [r.item for r in rows], specs)
+            after = context_tokens(prompt, [summary, *kept], specs)
+            record = Message(new_id("sum"), self.id, "summary", utcnow(), {"text": summary.text})
+            drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
+            await self._store.compact_memory(self.id, drop_before, summary, record)
+            self.compactions += 1
+            self._llm_stale = True
+            self._emit(Compacted(record.id, before, after))
+            return Compaction(record.id, summary.text, len(old), len(kept), before, after)
+
+    # --- what plugins read ------------------------------------------------------------------
+
+    async def count_turns(self) -> int:
+        """How many turns this conversation has had (its user messages)."""
+        return await self._store.count_turns(self.id)
+
+    async def recent_turns(self, turns: int) -> list[Message]:
+        """The audit records of the last ``turns`` turns, oldest first."""
+        return await self._store.recent_turns(self.id, turns)
+
+    async def token_stats(self) -> TokenStats:
+        return await self._store.token_stats(self.id)
 
     async def _run_tools(self, turn: _Turn, calls: list[ToolCallRequest]) -> list[LLMInput]:
         results: list[LLMInput] = []

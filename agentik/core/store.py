@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import peewee
+
 from agentik.core import models
 from agentik.core.db import Database
 from agentik.core.llm import HistoryItem
@@ -63,6 +65,17 @@ class TokenStats:
     turns: int
     input: int
     output: int
+    #: of one conversation: the last turn's context size (its input plus its growth), if known
+    context: int | None = None
+
+    def to_json(self) -> dict[str, int]:
+        """The totals as the HTTP API shows them (``contextTokens`` is the caller's)."""
+        return {
+            "turns": self.turns,
+            "input": self.input,
+            "output": self.output,
+            "total": self.input + self.output,
+        }
 
 
 class Store(abc.ABC):
@@ -148,9 +161,28 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def compact_memory(
-        self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
+        self,
+        conversation_id: str,
+        drop_before_idx: int,
+        summary: HistoryItem,
+        record: Message | None = None,
     ) -> None:
-        """Atomically replace entries before ``drop_before_idx`` by one summary entry."""
+        """Atomically replace entries before ``drop_before_idx`` by one summary entry and
+        append ``record`` (the ``summary`` audit record) in the same transaction: a crash
+        leaves the old working memory or the new one, never a mix."""
+
+    @abc.abstractmethod
+    async def count_turns(self, conversation_id: str) -> int:
+        """How many user messages the conversation has (turns started, failed ones too)."""
+
+    async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
+        """Bind a plugin's peewee models to this store's database and create their tables
+        (if missing); the plugin then queries them inside ``db.read``/``db.write``. Call it
+        from a service (``register_services``: the database is open by then). peewee binds a
+        model class to one database: a plugin that may serve several agents in one process
+        (tests) binds a subclass per agent. None for a store without a database (the
+        in-memory one): the plugin keeps nothing."""
+        return None
 
     @abc.abstractmethod
     async def dangling_turns(self) -> list[Message]:
@@ -428,7 +460,11 @@ class SqliteStore(Store):
         await self.db.write(q)
 
     async def compact_memory(
-        self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
+        self,
+        conversation_id: str,
+        drop_before_idx: int,
+        summary: HistoryItem,
+        record: Message | None = None,
     ) -> None:
         def q() -> None:
             self.db.execute(
@@ -447,8 +483,36 @@ class SqliteStore(Store):
                     _ts(utcnow()),
                 ),
             )
+            if record is not None:
+                self.db.execute(
+                    _INSERT_MESSAGE,
+                    (
+                        record.id,
+                        conversation_id,
+                        record.kind,
+                        None,
+                        _ts(record.created_at),
+                        json.dumps(record.payload, ensure_ascii=False),
+                    ),
+                )
 
         await self.db.write(q)
+
+    async def count_turns(self, conversation_id: str) -> int:
+        return cast(
+            int,
+            await self.db.read(
+                lambda: self.db.execute(
+                    "SELECT count(*) FROM message WHERE conversation_id = ? AND kind = 'user'",
+                    (conversation_id,),
+                ).fetchone()[0]
+            ),
+        )
+
+    async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
+        self.db.db.bind(models)
+        self.db.db.create_tables(models, safe=True)  # as Database.open does for the core's
+        return self.db
 
     async def dangling_turns(self) -> list[Message]:
         def q() -> list[Message]:
@@ -473,7 +537,14 @@ class SqliteStore(Store):
                 sql += " AND conversation_id = ?"
                 params = (conversation_id,)
             turns, tin, tout = self.db.execute(sql, params).fetchone()
-            return TokenStats(turns, tin, tout)
+            if conversation_id is None:
+                return TokenStats(turns, tin, tout)
+            last = self.db.execute(
+                "SELECT payload_json FROM message WHERE conversation_id = ? "
+                "AND kind = 'assistant' ORDER BY seq DESC LIMIT 1",
+                (conversation_id,),
+            ).fetchone()
+            return TokenStats(turns, tin, tout, _context(json.loads(last[0])) if last else None)
 
         return await self.db.read(q)
 
@@ -598,16 +669,26 @@ class MemoryStore(Store):
         ]
 
     async def compact_memory(
-        self, conversation_id: str, drop_before_idx: int, summary: HistoryItem
+        self,
+        conversation_id: str,
+        drop_before_idx: int,
+        summary: HistoryItem,
+        record: Message | None = None,
     ) -> None:
         kept = [r for r in self._memory[conversation_id] if r.order_idx >= drop_before_idx]
         self._memory[conversation_id] = [MemoryRow(drop_before_idx - 1, None, summary), *kept]
+        if record is not None:
+            self._messages[conversation_id].append(record)
+
+    async def count_turns(self, conversation_id: str) -> int:
+        return sum(m.kind == "user" for m in self._messages.get(conversation_id, []))
 
     async def dangling_turns(self) -> list[Message]:
         return []
 
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
         turns = tin = tout = 0
+        context = None
         for cid, msgs in self._messages.items():
             if conversation_id is not None and cid != conversation_id:
                 continue
@@ -617,7 +698,8 @@ class MemoryStore(Store):
                     tokens = m.payload.get("tokens") or {}
                     tin += tokens.get("input") or 0
                     tout += tokens.get("output") or 0
-        return TokenStats(turns, tin, tout)
+                    context = _context(m.payload)
+        return TokenStats(turns, tin, tout, context if conversation_id is not None else None)
 
     async def read_state(self, key: str) -> str | None:
         return self._state.get(key)
@@ -627,3 +709,11 @@ class MemoryStore(Store):
             self._state.pop(key, None)
         else:
             self._state[key] = value
+
+
+def _context(assistant_payload: dict[str, Any]) -> int | None:
+    """A turn's context size at its end: its input plus its growth (None if not counted)."""
+    tokens = assistant_payload.get("tokens") or {}
+    if tokens.get("input") is None:
+        return None
+    return int(tokens["input"]) + int(tokens.get("output") or 0)

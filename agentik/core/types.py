@@ -261,6 +261,25 @@ class Error(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class Compacted(Event):
+    """Working memory was compacted: old turns became one summary (``summary_id`` is its
+    audit record); the token estimates of the live context before and after."""
+
+    summary_id: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    type: ClassVar[str] = "Compacted"
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "Compacted",
+            "summaryId": self.summary_id,
+            "tokensBefore": self.tokens_before,
+            "tokensAfter": self.tokens_after,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Gap(Event):
     """Not a turn event: the reader fell behind and missed events after ``after``.
 

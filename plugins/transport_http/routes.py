@@ -251,6 +251,24 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
     return await hub.serve(request, request.app[AGENT].event_batches(after, hub.linger))
 
 
+@routes.get("/conversations/{id}/stats")
+async def conversation_stats(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    stats = await conv.token_stats()
+    return web.json_response(
+        {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
+    )
+
+
+@routes.get("/stats")
+async def agent_stats(request: web.Request) -> web.Response:
+    agent: ChatAgent = request.app[AGENT]
+    stats = await agent.store.token_stats()
+    return web.json_response(
+        {"conversations": await agent.count_conversations(), **stats.to_json()}
+    )
+
+
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
     cache = request.app[OPENAPI]  # built at the first request: the model has started by then

@@ -1,0 +1,51 @@
+"""Token stats (F12) over HTTP: per conversation (temporary ones too) and the agent's totals."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentik.core.llm import Usage
+from agentik.core.testing import ScriptedLLM, make_app
+
+TEXT = [{"type": "text", "body": "hi"}]
+
+
+async def turn(client, cid: str) -> None:
+    assert (await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)).status == 202
+    for _ in range(500):
+        if not (await (await client.get(f"/agentik/conversations/{cid}")).json())["busy"]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the turn never ended")
+
+
+async def test_stats_per_conversation_and_for_the_agent(aiohttp_client):
+    llm = ScriptedLLM(
+        ["a", Usage(100, 10)],
+        ["b", Usage(130, 5)],
+        ["c"],  # no count
+        ["d", Usage(40, 2)],  # in a temporary conversation
+    )
+    client = await aiohttp_client(make_app(llm=llm))
+    cid = (await (await client.post("/agentik/conversations")).json())["id"]
+    temp = (await (await client.post("/agentik/conversations", json={"temp": True})).json())["id"]
+    await turn(client, cid)
+    await turn(client, cid)
+    stats = await (await client.get(f"/agentik/conversations/{cid}/stats")).json()
+    assert stats == {
+        "conversationId": cid,
+        "turns": 2,
+        "input": 230,
+        "output": 15,
+        "total": 245,
+        "contextTokens": 135,  # the last turn: 130 in, 5 more
+    }
+    await turn(client, cid)
+    stats = await (await client.get(f"/agentik/conversations/{cid}/stats")).json()
+    assert stats["turns"] == 3 and stats["input"] == 230 and stats["contextTokens"] is None
+    await turn(client, temp)
+    temp_stats = await (await client.get(f"/agentik/conversations/{temp}/stats")).json()
+    assert temp_stats["turns"] == 1 and temp_stats["contextTokens"] == 42
+    totals = await (await client.get("/agentik/stats")).json()
+    # temporary conversations are not in the agent's totals
+    assert totals == {"conversations": 1, "turns": 3, "input": 230, "output": 15, "total": 245}
