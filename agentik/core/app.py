@@ -18,6 +18,7 @@ from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.llm import LLMBackend
+from agentik.core.memory import MemoryBackend, memory_off
 from agentik.core.plugins import Plugins, make_plugins
 from agentik.core.registry import BackendError, BackendRegistry
 from agentik.core.settings import Setting, Settings, SettingsError
@@ -87,6 +88,21 @@ def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
     return llm
 
 
+def select_memory(plugins: Plugins, settings: Settings) -> MemoryBackend | None:
+    """The memory backend ``AGENTIK_MEMORY_BACKEND`` names; None when memory is off."""
+    if memory_off(settings):
+        return None
+    name = settings["AGENTIK_MEMORY_BACKEND"]
+    try:
+        backend = registries(plugins)["memory"].get(name, variable="AGENTIK_MEMORY_BACKEND")
+        memory = backend.factory(settings)
+    except (BackendError, SettingsError) as e:
+        raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
+    if not isinstance(memory, MemoryBackend):
+        raise StartupError(f"memory backend {name!r} did not return a MemoryBackend")
+    return memory
+
+
 def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
     registry = ToolRegistry(timeout=settings["AGENTIK_TOOL_TIMEOUT"])
     for impl in plugins.hook.register_tools.get_hookimpls():
@@ -127,6 +143,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         hooks=plugins.hook,
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
+        memory=select_memory(plugins, settings),
     )
 
 
@@ -191,6 +208,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         except Exception as e:
             path = settings["AGENTIK_DB_PATH"]
             raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
+        if agent.memory is not None:
+            await _start_memory(services, agent.memory, settings)
         await _start_services(services, agent, plugins, settings)
         _start_jobs(agent, plugins, settings)
         yield
@@ -214,6 +233,17 @@ async def _start_services(
             await stack.enter_async_context(context())
         except Exception as e:
             raise StartupError(f"service {name!r} failed to start: {e}") from e
+
+
+async def _start_memory(
+    stack: contextlib.AsyncExitStack, memory: MemoryBackend, settings: Settings
+) -> None:
+    name = settings["AGENTIK_MEMORY_BACKEND"]
+    try:
+        await memory.start()
+    except Exception as e:
+        raise StartupError(f"AGENTIK_MEMORY_BACKEND={name!r}: cannot start: {e}") from e
+    stack.push_async_callback(memory.close)  # closed after the services that may use it
 
 
 def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
