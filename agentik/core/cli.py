@@ -192,7 +192,12 @@ def plugins_command(as_json: bool) -> int:
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
-    selected = {"llm": settings.get("AGENTIK_LLM_BACKEND")}
+    selected = {
+        "llm": settings.get("AGENTIK_LLM_BACKEND"),
+        "memory": None
+        if "off" in (settings.get("AGENTIK_MEMORY_DIR"), None)
+        else settings.get("AGENTIK_MEMORY_BACKEND"),
+    }
     details = {} if invalid else asyncio.run(plugin_details(plugins, Settings(declared)))
     report: list[dict[str, Any]] = []
     for info in plugins.infos.values():
