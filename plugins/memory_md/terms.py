@@ -4,8 +4,8 @@
 FTS5's ``unicode61`` tokenizer splits the notes' folded text (see :func:`fold`); a query
 becomes an OR of stem prefixes (``"moscow"* OR "москв"*``), so ``Москве`` finds ``Москва`` and
 ``names`` finds ``name`` without a language-specific stemmer (measured in
-``tests/test_memory_md.py``). Words that carry no meaning (``the``, ``что``) are left out, so a
-note is found only through a word it shares with the query.
+``tests/test_memory_md.py``). Words that carry no meaning (``the``, ``make``, ``что``, ``сделай``)
+are left out, so a note is found only through a word it shares with the query.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ _WORDS = """
     над больше тот через эти нас про всего них какая много разве три эту моя впрочем хорошо свою
     этой перед иногда лучше чуть том нельзя такой им более всегда конечно всю между привет
     спасибо пожалуйста скажи знаешь мои моё мое мою моей моих
+    make made makes go going goes went take took give gave say said see saw think thing things
+    something anything way today now good new much many lot really right well still even back
+    maybe sure help show ask any every
+    это эта эти всё весь вся сделай сделать делать какие какое какую сегодня завтра очень
+    просто ладно давай хочу можешь нужно расскажи покажи помоги сколько почему
 """
 STOPWORDS = frozenset(_WORDS.split())
 
