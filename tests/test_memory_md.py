@@ -133,9 +133,8 @@ async def test_malformed_files_never_stop_start_up_and_stay_untouched(memory, tm
     await m.save("preference", "Short answers.", "USER")
     await m.save("world", "A third note.", "USER")
     assert (folder / "preference.md").read_bytes().startswith(BAD_FILES["preference.md"])
-    world = (folder / "world.md").read_text()  # good notes get their full header written
-    assert world.startswith("§ id=x1 uses=many\n\nbad uses\n\n§ id=ok2 created=")
-    assert "\n\n§ not=\n§ id=" in world
+    world = (folder / "world.md").read_text()  # a newline after the last bad part, then ours
+    assert world.startswith(BAD_FILES["world.md"] + "\n§ id=")
     m2 = await memory()
     assert {n.text for n in await m2.list("world")} == {"Another good note.", "A third note."}
 
@@ -145,6 +144,12 @@ async def test_an_empty_file_and_a_missing_folder_are_fine(memory, tmp_path):
     (tmp_path / "e" / "user.md").write_text("")
     assert await (await memory(tmp_path / "e")).count() == 0
     assert await (await memory(tmp_path / "new" / "deep")).count() == 0
+
+
+async def test_a_folder_that_cannot_be_made_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(NoteError, match=r"AGENTIK_MEMORY_DIR='.*file/mem': cannot create it"):
+        await MdMemory(tmp_path / "file" / "mem").start()
 
 
 RUSSIAN = [

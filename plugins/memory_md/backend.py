@@ -61,6 +61,24 @@ def read_text(path: Path) -> str:
 
 
 @dataclass
+class Edit:
+    """What a change made of a file's chunks: all of them, the notes it added or replaced, and
+    the notes it dropped."""
+
+    chunks: list[Chunk]
+    changed: list[Note] = field(default_factory=list)
+    removed: list[Note] = field(default_factory=list)
+
+
+def without(chunks: list[Chunk], drop: Callable[[Note], bool]) -> Edit | None:
+    """The chunks but the notes ``drop`` picks (None: it picks none)."""
+    kept = [c for c in chunks if c.note is None or not drop(c.note)]
+    if len(kept) == len(chunks):
+        return None
+    return Edit(kept, removed=[c.note for c in chunks if c.note is not None and drop(c.note)])
+
+
+@dataclass
 class NoteFile:
     category: str
     path: Path
@@ -87,7 +105,12 @@ class MdMemory(MemoryBackend):
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise NoteError(
+                f"AGENTIK_MEMORY_DIR={str(self.folder)!r}: cannot create it: {e}"
+            ) from e
         self._db = self._open_index()
         known = dict(self._db.execute("SELECT category, signature FROM files").fetchall())
         rows = self._db.execute("SELECT rowid, id FROM notes").fetchall()
@@ -242,10 +265,7 @@ class MdMemory(MemoryBackend):
     # --- writing ----------------------------------------------------------------------------
 
     async def _rewrite(
-        self,
-        f: NoteFile,
-        change: Callable[[list[Chunk]], list[Chunk] | None],
-        archive: str | None = None,
+        self, f: NoteFile, change: Callable[[list[Chunk]], Edit | None], archive: str | None = None
     ) -> int:
         """Under the file's lock: reload hand edits, apply ``change`` to the chunks (None: no
         change), write the file atomically and update the index to match. Notes the change
@@ -254,26 +274,26 @@ class MdMemory(MemoryBackend):
         async with f.lock:
             if signature(f.path) != f.signature:
                 self._reload(f)
-            chunks = change(list(f.chunks))
-            if chunks is None:
+            edit = change(f.chunks)
+            if edit is None:
                 return 0
-            before = {n.id: n for n in self._file_notes(f)}
-            kept = {c.note.id for c in chunks if c.note is not None}
-            removed = [c for c in f.chunks if c.note is not None and c.note.id not in kept]
-            if archive and removed:
-                await asyncio.to_thread(self._append_archive, f, removed, archive)
-            f.signature = await asyncio.to_thread(write_atomic, f.path, notefile.render(chunks))
+            if archive and edit.removed:
+                await asyncio.to_thread(self._append_archive, f, edit.removed, archive)
+            # rendering a big file takes milliseconds: off the event loop, with the write
+            chunks = edit.chunks
+            f.signature = await asyncio.to_thread(
+                lambda: write_atomic(f.path, notefile.render(chunks))
+            )
             f.chunks = chunks
             db = self._db_()
-            for c in removed:
-                assert c.note is not None
-                db.execute("DELETE FROM notes WHERE rowid = ?", (self._rowid[c.note.id],))
-                self._unmap(c.note.id)
-            for note in self._file_notes(f):
-                old = before.get(note.id)
-                if old is None:
+            for note in edit.removed:
+                db.execute("DELETE FROM notes WHERE rowid = ?", (self._rowid[note.id],))
+                self._unmap(note.id)
+            for note in edit.changed:
+                before = self._notes.get(note.id)
+                if before is None:
                     self._insert(note)
-                elif old.text != note.text:
+                elif before.text != note.text:
                     db.execute(
                         "UPDATE notes SET text = ? WHERE rowid = ?",
                         (terms.fold(note.text), self._rowid[note.id]),
@@ -281,19 +301,18 @@ class MdMemory(MemoryBackend):
                 self._notes[note.id] = note
             self._remember_signature(f)
             db.commit()
-            return len(removed)
+            return len(edit.removed)
 
     @staticmethod
-    def _append_archive(f: NoteFile, chunks: list[Chunk], reason: str) -> None:
+    def _append_archive(f: NoteFile, notes: list[Note], reason: str) -> None:
         """Append notes to the category's archive file (restore one by moving it back)."""
         now = notefile.iso(datetime.now(UTC))
-        moved = [
-            notefile.note_chunk(c.note, {**c.extra, "archived": now, "reason": reason})
-            for c in chunks
-            if c.note is not None
-        ]
-        old = [Chunk(read_text(f.archive))] if f.archive.exists() else []
-        write_atomic(f.archive, notefile.render([*old, *moved]))
+        extra = {"archived": now, "reason": reason}
+        moved = [notefile.note_chunk(n, extra) for n in notes]
+        chunks = [Chunk(read_text(f.archive))] if f.archive.exists() else []
+        for chunk in moved:
+            chunks = notefile.append(chunks, chunk)
+        write_atomic(f.archive, notefile.render(chunks))
 
     # --- the contract -----------------------------------------------------------------------
 
@@ -304,7 +323,8 @@ class MdMemory(MemoryBackend):
             raise NoteError("a note needs text")
         now = datetime.now(UTC).replace(microsecond=0)  # as the file says it
         note = Note(uuid.uuid4().hex[:12], category, text, source, now)
-        await self._rewrite(f, lambda chunks: [*chunks, notefile.note_chunk(note)])
+        chunk = notefile.note_chunk(note)
+        await self._rewrite(f, lambda chunks: Edit(notefile.append(chunks, chunk), [note]))
         return note
 
     async def search(self, query: str, limit: int) -> list[Note]:
@@ -312,21 +332,19 @@ class MdMemory(MemoryBackend):
         wanted = terms.query_terms(query)
         if not wanted or limit <= 0:
             return []
-        rows = (
-            self._db_()
-            .execute(
-                "SELECT rowid FROM notes WHERE notes MATCH ? ORDER BY rank LIMIT ?",
-                (terms.match_expression(wanted), limit * 4),
-            )
-            .fetchall()
-        )
+        if self._db is None:
+            raise NoteError("the memory is closed")
+        rows = self._db.execute(
+            "SELECT rowid FROM notes WHERE notes MATCH ? ORDER BY rank LIMIT ?",
+            (terms.match_expression(wanted), limit),
+        ).fetchall()
         found = []
         for (rowid,) in rows:
             note = self._notes.get(self._by_rowid.get(rowid, ""))
             if note is not None:
                 found.append(replace(note, score=terms.relevance(wanted, note.text)))
         found.sort(key=lambda n: -(n.score or 0.0))  # stable: bm25 order among equals
-        return found[:limit]
+        return found
 
     async def get(self, note_id: str) -> Note | None:
         self._sync()
@@ -343,9 +361,8 @@ class MdMemory(MemoryBackend):
         if note is None:
             return False
 
-        def change(chunks: list[Chunk]) -> list[Chunk] | None:
-            left = [c for c in chunks if c.note is None or c.note.id != note_id]
-            return left if len(left) < len(chunks) else None
+        def change(chunks: list[Chunk]) -> Edit | None:
+            return without(chunks, lambda n: n.id == note_id)
 
         reason = "deleted" if recoverable else None
         return await self._rewrite(self.files[note.category], change, reason) > 0
@@ -358,13 +375,15 @@ class MdMemory(MemoryBackend):
             if not wanted & self._file_ids(f):
                 continue
 
-            def change(chunks: list[Chunk]) -> list[Chunk]:
-                return [
-                    notefile.note_chunk(notefile.touched(c.note, now), c.extra)
-                    if c.note is not None and c.note.id in wanted
-                    else c
-                    for c in chunks
-                ]
+            def change(chunks: list[Chunk]) -> Edit | None:
+                edit = Edit([])
+                for c in chunks:
+                    if c.note is not None and c.note.id in wanted:
+                        note = notefile.touched(c.note, now)
+                        c = notefile.note_chunk(note, c.extra)
+                        edit.changed.append(note)
+                    edit.chunks.append(c)
+                return edit if edit.changed else None
 
             await self._rewrite(f, change)
 
@@ -372,17 +391,15 @@ class MdMemory(MemoryBackend):
         self._sync()
         cutoff = datetime.now(UTC) - max_age
 
-        def fresh(c: Chunk) -> bool:
-            n = c.note
-            return n is None or n.uses > 0 or (n.last_used or n.created) > cutoff
+        def stale(n: Note) -> bool:
+            return n.uses == 0 and (n.last_used or n.created) <= cutoff
 
-        def change(chunks: list[Chunk]) -> list[Chunk] | None:
-            left = [c for c in chunks if fresh(c)]
-            return left if len(left) < len(chunks) else None
+        def change(chunks: list[Chunk]) -> Edit | None:
+            return without(chunks, stale)
 
         total = 0
         for f in self.files.values():
-            if not all(fresh(c) for c in f.chunks) or signature(f.path) != f.signature:
+            if any(stale(n) for n in self._file_notes(f)) or signature(f.path) != f.signature:
                 total += await self._rewrite(f, change, "stale")
         return total
 

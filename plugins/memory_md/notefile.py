@@ -33,7 +33,8 @@ NEVER = "never"
 
 @dataclass(slots=True)
 class Chunk:
-    """A piece of a file: a note (``text`` is its rendering) or a bad part (``text`` verbatim)."""
+    """A piece of a file: a note (``text`` as read, or its rendering once it changed) or a bad
+    part (``text`` verbatim)."""
 
     text: str
     note: Note | None = None
@@ -84,12 +85,16 @@ def note_chunk(note: Note, extra: dict[str, str] | None = None) -> Chunk:
 
 
 def render(chunks: Iterable[Chunk]) -> str:
-    out: list[str] = []
-    for c in chunks:
-        if out and not out[-1].endswith("\n"):
-            out.append("\n")  # a bad part at the end of a file without a final newline
-        out.append(c.text)
-    return "".join(out)
+    return "".join([c.text for c in chunks])
+
+
+def append(chunks: list[Chunk], chunk: Chunk) -> list[Chunk]:
+    """``chunks`` and ``chunk`` after them; a last bad part without a final newline gets one, so
+    the new note's header starts a line."""
+    if chunks and not chunks[-1].text.endswith("\n"):
+        last = chunks[-1]
+        chunks = [*chunks[:-1], Chunk(last.text + "\n", last.note, last.extra)]
+    return [*chunks, chunk]
 
 
 def parse(text: str, category: str, default_time: datetime, name: str) -> Parsed:
@@ -118,7 +123,7 @@ def parse(text: str, category: str, default_time: datetime, name: str) -> Parsed
             problems.append(f"{name} line {start}: {e}")
             chunks.append(Chunk(raw))
             continue
-        chunks.append(note_chunk(note, extra))
+        chunks.append(Chunk(raw, note, extra))  # as written, until the note changes
     return Parsed(chunks, problems)
 
 
@@ -131,7 +136,9 @@ def _note(group: list[str], category: str, default_time: datetime) -> tuple[Note
         if not eq or not key:
             raise ValueError(f"header field {token!r} is not key=value")
         fields[key] = value
-    body = "\n".join(unescape(line.rstrip("\r")) for line in group[1:]).strip()
+    body = "\n".join(group[1:]).strip()
+    if "\r" in body or "\\" in body:  # rare: CRLF files, escaped header lines
+        body = "\n".join(unescape(line.rstrip("\r")) for line in group[1:]).strip()
     if not body:
         raise ValueError("a note without text")
     note_id = fields.pop("id", "") or derived_id(category, body)

@@ -15,6 +15,7 @@ import unicodedata
 
 WORD = re.compile(r"\w+")
 CYRILLIC = re.compile("[\u0400-\u04ff]")
+OTHER_SCRIPTS = re.compile("[^\x00-\x7f\u0400-\u04ff]+")  # where diacritics are stripped
 
 _WORDS = """
     a about above after again against all also am an and
@@ -48,13 +49,13 @@ def fold(text: str) -> str:
     """Lower case, ``ё`` as ``е`` and no Latin diacritics (``café`` → ``cafe``). The index holds
     the folded text too (FTS5's ``remove_diacritics`` leaves Cyrillic alone, and Russian is
     written with ``е`` for ``ё`` as often as not)."""
-    out = []
-    for c in text.casefold().replace("ё", "е"):
-        if c.isascii() or "\u0400" <= c <= "\u04ff":
-            out.append(c)
-        else:
-            out.extend(d for d in unicodedata.normalize("NFD", c) if not unicodedata.combining(d))
-    return "".join(out)
+    folded = text.casefold().replace("ё", "е")
+    return folded if folded.isascii() else OTHER_SCRIPTS.sub(_strip_marks, folded)
+
+
+def _strip_marks(match: re.Match[str]) -> str:
+    decomposed = unicodedata.normalize("NFD", match.group())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
 def stem(word: str) -> str:
@@ -91,6 +92,6 @@ def relevance(terms: list[str], text: str) -> float:
     three matched terms (or all of a shorter query's) count as a full match."""
     if not terms:
         return 0.0
-    words = set(WORD.findall(fold(text)))
-    matched = sum(1 for t in terms if any(w.startswith(t) for w in words))
+    words = " " + " ".join(WORD.findall(fold(text)))  # " w1 w2 …": " t" finds a word start
+    matched = sum(1 for t in terms if " " + t in words)
     return min(1.0, matched / min(len(terms), 3))
