@@ -125,7 +125,7 @@ def register_jobs(register: Callable[..., None], agent: Any, settings: Settings)
 @hookimpl
 def before_turn(conversation: Any, text: str) -> Any:
     feature = feature_of(conversation.agent)
-    return None if feature is None else feature.prefetch(text)
+    return None if feature is None else feature.prefetch(conversation.id, text)
 
 
 @hookimpl
@@ -133,7 +133,7 @@ def after_turn(conversation: Any, user_text: str, assistant_text: str) -> Any:
     feature = feature_of(conversation.agent)
     if feature is None:
         return None
-    return feature.review_turn(conversation.id, user_text, assistant_text)
+    return feature.turn_ended(conversation.id, user_text, assistant_text)
 
 
 @hookimpl

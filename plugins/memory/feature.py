@@ -99,18 +99,28 @@ class MemoryFeature:
         self._reviews: dict[str, _Serial] = {}
         #: look-up and save of one fact at a time, so two reviews cannot both save it
         self._saving = asyncio.Lock()
+        #: conversation id -> the notes its running turn was given (bumped when it ends)
+        self._given: dict[str, list[str]] = {}
 
     # --- prefetch ---------------------------------------------------------------------------
 
-    async def prefetch(self, text: str) -> str | None:
+    async def prefetch(self, conversation_id: str, text: str) -> str | None:
+        self._given.pop(conversation_id, None)
         if self.prefetch_limit == 0 or not text.strip():
             return None
         found = await self.memory.search(text, self.prefetch_limit)
         relevant = [n for n in found if (n.score or 0.0) >= self.min_score]
         block, given = render_block(relevant, self.prefetch_chars)
-        if given:  # bookkeeping never delays the turn
-            self.agent.jobs.spawn("memory-mark-used", self.memory.mark_used([n.id for n in given]))
+        if given:  # counted when the turn ends: the bookkeeping never competes with the turn
+            self._given[conversation_id] = [n.id for n in given]
         return block
+
+    def turn_ended(self, conversation_id: str, user_text: str, assistant_text: str) -> Any:
+        """After a turn: count the notes its prefetch gave, review it. An awaitable or None."""
+        given = self._given.pop(conversation_id, None)
+        if given:
+            self.agent.jobs.spawn("memory-mark-used", self.memory.mark_used(given))
+        return self.review_turn(conversation_id, user_text, assistant_text)
 
     # --- saving, with the same fact never stored twice ----------------------------------------
 

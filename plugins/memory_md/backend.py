@@ -335,14 +335,14 @@ class MdMemory(MemoryBackend):
         if self._db is None:
             raise NoteError("the memory is closed")
         rows = self._db.execute(
-            "SELECT rowid FROM notes WHERE notes MATCH ? ORDER BY rank LIMIT ?",
+            "SELECT rowid, text FROM notes WHERE notes MATCH ? ORDER BY rank LIMIT ?",
             (terms.match_expression(wanted), limit),
         ).fetchall()
         found = []
-        for (rowid,) in rows:
+        for rowid, folded in rows:  # the index holds the folded text
             note = self._notes.get(self._by_rowid.get(rowid, ""))
             if note is not None:
-                found.append(replace(note, score=terms.relevance(wanted, note.text)))
+                found.append(replace(note, score=terms.relevance(wanted, folded)))
         found.sort(key=lambda n: -(n.score or 0.0))  # stable: bm25 order among equals
         return found
 

@@ -87,11 +87,11 @@ def match_expression(terms: list[str]) -> str:
     return " OR ".join(f'"{t}"*' for t in terms)
 
 
-def relevance(terms: list[str], text: str) -> float:
-    """How well a note matches, in [0, 1]: the share of the query's terms it contains, where
-    three matched terms (or all of a shorter query's) count as a full match."""
+def relevance(terms: list[str], folded: str) -> float:
+    """How well a note matches, in [0, 1]: the share of the query's terms its (folded) text
+    contains, where three matched terms (or all of a shorter query's) count as a full match."""
     if not terms:
         return 0.0
-    words = " " + " ".join(WORD.findall(fold(text)))  # " w1 w2 …": " t" finds a word start
+    words = " " + " ".join(WORD.findall(folded))  # " w1 w2 …": " t" finds a word start
     matched = sum(1 for t in terms if " " + t in words)
     return min(1.0, matched / min(len(terms), 3))
