@@ -37,6 +37,7 @@ SUITE = {  # id -> (module, timeout s)
     "B8": ("b08_streams.py", 300),
     "B9": ("b09_store.py", 240),
     "B10": ("b10_long_conversation.py", 240),
+    "B11": ("b11_memory.py", 400),
     "B13": ("b13_tool_loop.py", 600),
     "B14": ("b14_loop_lag.py", 240),
     "B16": ("b16_trivial_route.py", 240),
