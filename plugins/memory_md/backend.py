@@ -384,22 +384,19 @@ class MdMemory(MemoryBackend):
     async def mark_used(self, note_ids: Sequence[str]) -> None:
         self._sync()
         now = datetime.now(UTC).replace(microsecond=0)
-        wanted = set(note_ids)
-        for f in self.files.values():
-            if not wanted & self._file_ids(f):
-                continue
+        wanted = {i for i in note_ids if i in self._notes}
+        for category in {self._notes[i].category for i in wanted}:
 
             def change(chunks: list[Chunk]) -> Edit | None:
-                edit = Edit([])
-                for c in chunks:
+                edit = Edit(list(chunks))
+                for n, c in enumerate(chunks):  # runs on the loop: keep it a tight scan
                     if c.note is not None and c.note.id in wanted:
                         note = notefile.touched(c.note, now)
-                        c = notefile.note_chunk(note, c.extra)
+                        edit.chunks[n] = notefile.note_chunk(note, c.extra)
                         edit.changed.append(note)
-                    edit.chunks.append(c)
                 return edit if edit.changed else None
 
-            await self._rewrite(f, change)
+            await self._rewrite(self.files[category], change)
 
     async def archive_stale(self, max_age: timedelta) -> int:
         self._sync()
