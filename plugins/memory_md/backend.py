@@ -17,7 +17,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -356,7 +356,11 @@ class MdMemory(MemoryBackend):
         for rowid, folded in rows:  # the index holds the folded text
             note = self._notes.get(self._by_rowid.get(rowid, ""))
             if note is not None:
-                found.append(replace(note, score=terms.relevance(wanted, folded)))
+                score = terms.relevance(wanted, folded)
+                n = note  # Note(...) directly: dataclasses.replace took a third of a search
+                found.append(
+                    Note(n.id, n.category, n.text, n.source, n.created, n.last_used, n.uses, score)
+                )
         found.sort(key=lambda n: -(n.score or 0.0))  # stable: bm25 order among equals
         return found
 
