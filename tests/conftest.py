@@ -159,6 +159,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 "AGENTIK_PORT": str(port),
                 "AGENTIK_HOST": "127.0.0.1",
                 "AGENTIK_DB_PATH": str(tmp_path / "agentik.db"),
+                "AGENTIK_MEMORY_BACKEND": "off",  # tests of memory turn it on
                 **env,
             }
         )

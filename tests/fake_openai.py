@@ -11,7 +11,9 @@ In-process::
 As a process (end-to-end tests): ``python tests/fake_openai.py --port 0 --port-file PATH``
 writes the bound port to PATH and serves until SIGTERM; ``POST /_fake/script`` (a JSON list of
 Reply fields), ``GET /_fake/requests`` and ``POST /_fake/reset`` control it from outside.
-With an empty script it answers ``echo: <last user message text>``.
+With an empty script it answers ``echo: <last user message text>``. A reply with ``match``
+answers only a request whose last user message contains that text (a background one-shot call
+next to the turns); the others answer the requests in order.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Reply:
     fail_after: int | None = None  # drop the connection after this many chunks
     raw: str | None = None  # streamed verbatim instead of chunks (malformed streams)
     code: str | None = None  # the error body's code, e.g. "context_length_exceeded" (a 400)
+    match: str | None = None  # only for a request whose last user message contains this
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Reply:
@@ -87,9 +90,13 @@ def message_text(message: dict[str, Any]) -> str:
     return str(content)
 
 
-def echo(body: dict[str, Any]) -> Reply:
+def last_user_text(body: dict[str, Any]) -> str:
     users = [m for m in body.get("messages", []) if m.get("role") == "user"]
-    return Reply(f"echo: {message_text(users[-1]) if users else ''}")
+    return message_text(users[-1]) if users else ""
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    return Reply(f"echo: {last_user_text(body)}")
 
 
 def deltas(reply: Reply, calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
@@ -153,6 +160,16 @@ class FakeOpenAI:
     def script(self, *replies: Reply) -> None:
         self._script.extend(replies)
 
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        """The first scripted reply matching this request, else the first without ``match``."""
+        text = last_user_text(body)
+        matching = [r for r in self._script if r.match is not None and r.match in text]
+        plain = [r for r in self._script if r.match is None]
+        for reply in matching[:1] or plain[:1]:
+            self._script.remove(reply)
+            return reply
+        return self.default(body)
+
     # --- the OpenAI API -------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -162,7 +179,7 @@ class FakeOpenAI:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
-        reply = self._script.popleft() if self._script else self.default(body)
+        reply = self._next_reply(body)
         stream = bool(body.get("stream"))
         if reply.status != 200:
             text, kind, code = ERRORS.get(reply.status, (SERVER_ERROR, "server_error", None))

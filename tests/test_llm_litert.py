@@ -348,6 +348,7 @@ def litert_app(tmp_path, **env):
             "AGENTIK_GOOGLE_THREADS": "1",
             "AGENTIK_GOOGLE_CACHE_DIR": str(tmp_path / "cache"),
             "AGENTIK_SYSTEM_PROMPT": "Be brief.",  # the tiny model's context is 128 tokens
+            "AGENTIK_MEMORY_BACKEND": "off",
             **env,
         },
     )

@@ -270,6 +270,7 @@ def test_example_third_party_plugin_installs_and_is_selectable(tmp_path):
             "AGENTIK_LLM_BACKEND": "reverse",
             "ECHO_PREFIX": ">",
             "AGENTIK_DB_PATH": ":memory:",
+            "AGENTIK_MEMORY_BACKEND": "off",  # the built-in plugins are not importable here
         },
     ).stdout.splitlines()
     assert out == ["['user', 'tool_call', 'tool_result', 'assistant']", ">HI"]

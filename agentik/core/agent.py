@@ -25,6 +25,7 @@ from agentik.core.conversation import (
 from agentik.core.events import EventLog, StreamItem
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
+from agentik.core.memory import MemoryBackend
 from agentik.core.plugins import call_each
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
@@ -52,11 +53,14 @@ class ChatAgent:
         max_live: int = 256,
         agent_id: str = "agentik",
         resume_queued: bool = True,
+        memory: MemoryBackend | None = None,
     ) -> None:
         self.id = agent_id
         self.store = store
         self.temp_store = MemoryStore()
         self.llm = llm
+        #: the long-term memory backend (agentik.core.memory), None when memory is off
+        self.memory = memory
         self.tools = tools or ToolRegistry()
         self.prompt_sections = sorted(prompt_sections, key=lambda s: s[0])
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests

@@ -20,6 +20,7 @@ from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.llm import LLMBackend
+from agentik.core.memory import MemoryBackend, memory_off
 from agentik.core.plugins import PluginError, Plugins, call_impl, call_startup, make_plugins
 from agentik.core.plugins import StartupError as StartupError  # defined beside PluginError
 from agentik.core.registry import BackendError, BackendRegistry
@@ -119,6 +120,28 @@ def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
     return llm
 
 
+def select_memory(plugins: Plugins, settings: Settings) -> MemoryBackend | None:
+    """The memory backend ``AGENTIK_MEMORY_BACKEND`` names; None when memory is off."""
+    if memory_off(settings):
+        return None
+    name = settings["AGENTIK_MEMORY_BACKEND"]
+    try:
+        memory = registries(plugins)["memory"].create(
+            name, settings, variable="AGENTIK_MEMORY_BACKEND"
+        )
+    except BackendError as e:
+        if "AGENTIK_MEMORY_BACKEND" not in getattr(settings, "explicit", ()):
+            # the default backend's plugin is not loaded (disabled, or left out): no memory
+            log.info("memory is off: %s", e)
+            return None
+        raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
+    except SettingsError as e:
+        raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
+    if not isinstance(memory, MemoryBackend):
+        raise StartupError(f"memory backend {name!r} did not return a MemoryBackend")
+    return memory
+
+
 def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
     registry = ToolRegistry(timeout=settings["AGENTIK_TOOL_TIMEOUT"])
     for impl in plugins.hook.register_tools.get_hookimpls():
@@ -165,6 +188,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
+        memory=select_memory(plugins, settings),
     )
 
 
@@ -266,6 +290,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         except Exception as e:
             path = settings["AGENTIK_DB_PATH"]
             raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
+        if agent.memory is not None:
+            await _start_memory(services, agent.memory, settings)
         await _start_services(services, agent, plugins, settings)
         await agent.resume()  # the tools the queued turns may call are up now
         _start_jobs(agent, plugins, settings)
@@ -295,6 +321,17 @@ async def _start_services(
             await stack.enter_async_context(context())
         except Exception as e:
             raise PluginError(plugin, f"starting service {name!r}", e) from e
+
+
+async def _start_memory(
+    stack: contextlib.AsyncExitStack, memory: MemoryBackend, settings: Settings
+) -> None:
+    name = settings["AGENTIK_MEMORY_BACKEND"]
+    try:
+        await memory.start()
+    except Exception as e:
+        raise StartupError(f"AGENTIK_MEMORY_BACKEND={name!r}: cannot start: {e}") from e
+    stack.push_async_callback(memory.close)  # closed after the services that may use it
 
 
 def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:

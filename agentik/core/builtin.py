@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agentik.core.memory import parse_memory_dir
 from agentik.core.security import parse_api_keys
 from agentik.core.settings import (
     Setting,
@@ -68,6 +69,18 @@ CORE_SETTINGS = (
     ),
     Setting(
         "AGENTIK_LLM_BACKEND", "openai", str.lower, "LLM backend by name (see `agentik plugins`)."
+    ),
+    Setting(
+        "AGENTIK_MEMORY_BACKEND",
+        "md",
+        str.lower,
+        "Long-term memory backend by name (see `agentik plugins`); `off` turns memory off.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_DIR",
+        "~/.agentik/memory",
+        parse_memory_dir,
+        "Folder of the long-term memory files (md backend); `off` turns memory off.",
     ),
     Setting("AGENTIK_SYSTEM_PROMPT", DEFAULT_SYSTEM_PROMPT, str, "Base system prompt."),
     Setting("AGENTIK_LOG_LEVEL", "info", parse_choice(*LOG_LEVELS), "Logging level."),

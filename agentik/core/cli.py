@@ -264,7 +264,12 @@ def plugins_command(as_json: bool) -> int:
     except SettingsError as e:
         settings, invalid = {}, str(e)
     problems += undeclared_variables(s.name for s in declared)
-    selected = {"llm": settings.get("AGENTIK_LLM_BACKEND")}
+    selected = {
+        "llm": settings.get("AGENTIK_LLM_BACKEND"),
+        "memory": None
+        if "off" in (settings.get("AGENTIK_MEMORY_DIR"), None)
+        else settings.get("AGENTIK_MEMORY_BACKEND"),
+    }
     details = {} if invalid else asyncio.run(plugin_details(plugins, Settings(declared)))
     report: list[dict[str, Any]] = []
     for info in plugins.infos.values():

@@ -190,6 +190,8 @@ class Settings(Mapping[str, Any]):
         declared = list(declared)
         errors = setting_conflicts(declared)
         self.declared: dict[str, Setting] = {}
+        #: the variables the environment set (the others have their defaults)
+        self.explicit: set[str] = set()
         values: dict[str, Any] = {}
         for s in declared:
             if s.name in self.declared:
@@ -199,6 +201,7 @@ class Settings(Mapping[str, Any]):
             if not raw.strip():
                 values[s.name] = s.default
                 continue
+            self.explicit.add(s.name)
             try:
                 values[s.name] = s.parse(raw.strip())
             except (ValueError, TypeError) as e:

@@ -1,0 +1,167 @@
+"""Long-term memory, whatever backend holds it (``agent.memory``, chosen by
+``AGENTIK_MEMORY_BACKEND``): the ``memory_*`` tools, the ``[Memory context …]`` block before each
+turn, the review that saves durable facts after a turn and before a compaction, and the
+curator. A third-party backend gets all of it by implementing ``MemoryBackend``. See
+``docs/memory.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+from agentik.core import settings as cfg
+from agentik.core.memory import memory_off
+from agentik.core.settings import Setting, Settings
+from agentik.hookspecs import hookimpl
+
+SETTINGS = (
+    Setting(
+        "AGENTIK_MEMORY_PREFETCH",
+        5,
+        cfg.parse_non_negative_int,
+        "Notes at most in the [Memory context …] block before each turn; 0 turns prefetch off.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_PREFETCH_CHARS",
+        2000,
+        cfg.parse_positive_int,
+        "Characters at most of the [Memory context …] block.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_MIN_SCORE",
+        0.5,
+        cfg.parse_fraction,
+        "Relevance (0-1) a note needs to be prefetched: the share of the text's words it "
+        "matches, three words counting as a full match.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_REVIEW",
+        True,
+        cfg.parse_bool,
+        "1: after each turn a background model call saves the turn's durable facts; 0: off.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_CURATOR_INTERVAL",
+        86400.0,
+        cfg.parse_positive_float,
+        "Seconds between the curator's passes (it archives stale notes).",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_MAX_AGE",
+        90.0,
+        cfg.parse_non_negative_float,
+        "Days after which the curator archives a note the prefetch never used.",
+    ),
+)
+
+PROMPT = (
+    "You have a long-term memory that lasts across conversations. Notes relevant to the user's "
+    "message come before it in a [Memory context …] block. Save what is worth remembering "
+    "about the user, their preferences and their world with memory_save; find, list and "
+    "delete notes with memory_read, memory_list and memory_delete."
+)
+
+#: each running agent's memory feature, while its server runs (an app may be built twice)
+_features: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def feature_of(agent: Any) -> Any:
+    """The agent's :class:`~agentik_memory.feature.MemoryFeature`, None when memory is off."""
+    return _features.get(agent)
+
+
+@hookimpl
+def register_settings(register: Callable[[Setting], None]) -> None:
+    for setting in SETTINGS:
+        register(setting)
+
+
+@hookimpl
+def register_prompt_sections(register: Callable[..., Any], settings: Settings) -> None:
+    if not memory_off(settings):
+        register("memory", lambda: PROMPT, order=300)
+
+
+@hookimpl
+def register_services(register: Callable[..., None], agent: Any, settings: Settings) -> None:
+    if agent.memory is not None:
+        register("memory", lambda: memory_service(agent, settings))
+
+
+@contextlib.asynccontextmanager
+async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
+    """The tools go on the agent and the hooks below find the feature (the core has started
+    the backend already)."""
+    from agentik_memory.feature import MemoryFeature
+
+    feature = MemoryFeature(agent, agent.memory, settings)
+    for t in feature.tools():
+        agent.tools.add(t)
+    _features[agent] = feature
+    try:
+        yield feature
+    finally:
+        _features.pop(agent, None)
+
+
+@hookimpl
+def register_jobs(register: Callable[..., None], agent: Any, settings: Settings) -> None:
+    if agent.memory is None:
+        return
+    from agentik_memory.feature import curate
+
+    max_age = timedelta(days=settings["AGENTIK_MEMORY_MAX_AGE"])
+    register(
+        "memory-curator",
+        lambda: curate(agent.memory, max_age),
+        interval=settings["AGENTIK_MEMORY_CURATOR_INTERVAL"],
+    )
+
+
+@hookimpl
+def before_turn(conversation: Any, text: str) -> Any:
+    feature = feature_of(conversation.agent)
+    return None if feature is None else feature.prefetch(conversation.id, text)
+
+
+@hookimpl
+def after_turn(conversation: Any, user_text: str, assistant_text: str) -> Any:
+    feature = feature_of(conversation.agent)
+    if feature is None:
+        return None
+    return feature.turn_ended(conversation.id, user_text, assistant_text)
+
+
+@hookimpl
+def before_compaction(conversation: Any, items: Any) -> Any:
+    feature = feature_of(conversation.agent)
+    return None if feature is None else feature.review_items(conversation.id, items)
+
+
+@hookimpl
+def banner_lines(agent: Any, settings: Settings) -> list[str]:
+    if agent.memory is None:
+        return ["memory: off"]
+    name = settings["AGENTIK_MEMORY_BACKEND"]
+    where = agent.memory.describe()
+    return [f"memory: {name}" + (f" ({where})" if where else "")]
+
+
+@hookimpl
+def plugin_details(settings: Settings) -> dict[str, Any]:
+    if memory_off(settings):
+        return {"memory": "off"}
+    days = settings["AGENTIK_MEMORY_MAX_AGE"]
+    return {
+        "memory": f"on, backend {settings['AGENTIK_MEMORY_BACKEND']}",
+        "prefetch": f"up to {settings['AGENTIK_MEMORY_PREFETCH']} notes, "
+        f"{settings['AGENTIK_MEMORY_PREFETCH_CHARS']} chars, "
+        f"min score {settings['AGENTIK_MEMORY_MIN_SCORE']:g}",
+        "review": "on" if settings["AGENTIK_MEMORY_REVIEW"] else "off",
+        "curator": f"every {settings['AGENTIK_MEMORY_CURATOR_INTERVAL']:g} s, archives notes "
+        f"never used after {days:g} days",
+    }
