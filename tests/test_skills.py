@@ -134,10 +134,10 @@ def app_env(fake: FakeOpenAI, tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def build_app(env: dict[str, str]) -> Any:
-    """The real app with the OpenAI backend (against the fake) and the skills and soul
-    plugins, loaded as the entry points load them."""
-    plugins = test_plugins(builtins=BUILTINS)
+def build_app(env: dict[str, str], builtins: tuple[str, ...] = BUILTINS) -> Any:
+    """The real app with the OpenAI backend (against the fake) and the skills plugin, loaded
+    as the entry points load them."""
+    plugins = test_plugins(builtins=builtins)
     return create_app(load_settings(plugins, env), plugins)
 
 
