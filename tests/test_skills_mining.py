@@ -167,6 +167,23 @@ async def test_never_twice_at_once_and_never_in_a_turns_way(client, fake, skills
     assert len(mining_calls(fake)) == 1
 
 
+async def test_turns_are_counted_in_the_store_across_a_restart(
+    fake, skills_dir, tmp_path, aiohttp_client
+):
+    env = app_env(
+        fake, tmp_path, AGENTIK_SKILLS_DIR=str(skills_dir), AGENTIK_SKILL_MINING_INTERVAL="2"
+    )
+    first = await aiohttp_client(build_app(env))
+    cid = await new_conversation(first)
+    await turns(first, cid, "one")
+    await first.close()
+    fake.script(mined(DEPLOY))
+    second = await aiohttp_client(build_app(env))  # the same database: turn two mines
+    await turns(second, cid, "two")
+    assert len(mining_calls(fake)) == 1
+    assert (skills_dir / "deploy-app/SKILL.md").is_file()
+
+
 async def test_interval_zero_is_off(fake, skills_dir, tmp_path, aiohttp_client):
     env = app_env(
         fake, tmp_path, AGENTIK_SKILLS_DIR=str(skills_dir), AGENTIK_SKILL_MINING_INTERVAL="0"

@@ -1,11 +1,12 @@
 """Skill mining (F7): a background look at a conversation's last turns for reusable skills.
 
-Every ``interval`` completed turns of a conversation (counted in the store: its Assistant
-records), one one-shot call shows the model the last ``max_turns`` turns and the catalogue and
-asks for ``{"skills": [{"name", "description", "body"}]}``. Each skill is checked like a
-hand-written one and saved through the catalogue: the same name updates it, a near-duplicate
-(see :func:`near_key`) updates the skill it is near instead of adding another, an invalid one
-is logged and dropped. One mining at a time per skills folder; turns never wait for it.
+Every ``interval`` completed turns of a conversation (counted in the store, its Assistant
+records, when the live conversation is first seen; then one more per turn), one one-shot call
+shows the model the last ``max_turns`` turns and the catalogue and asks for
+``{"skills": [{"name", "description", "body"}]}``. Each skill is checked like a hand-written
+one and saved through the catalogue: the same name updates it, a near-duplicate (see
+:func:`find_near`) updates the skill it is near instead of adding another, an invalid one is
+logged and dropped. One mining at a time per skills folder; turns never wait for it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -110,20 +112,34 @@ class SkillMiner:
         self.interval = interval  # 0: never on its own; mine() still works
         self.max_turns = max_turns
         self._running = False
+        # Completed turns of each live conversation: counted in the store (its Assistant
+        # records) the first time one is seen, then one more per after_turn. Counting in the
+        # store at every turn costs O(turns) per turn (B18); the entry goes with the object
+        # (an evicted conversation is counted again when it is reloaded).
+        self._turns: weakref.WeakKeyDictionary[ChatConversation, int] = weakref.WeakKeyDictionary()
 
     @property
     def running(self) -> bool:
         return self._running
 
     def after_turn(self, conversation: ChatConversation) -> Awaitable[Any] | None:
-        """The ``after_turn`` job: mine when the conversation's turn count is a multiple of
-        the interval (and no mining is running)."""
-        return self._maybe_mine(conversation) if self.interval else None
+        """The ``after_turn`` hook: a mining job when the conversation's completed turns are
+        a multiple of the interval, else nothing (no job, no query)."""
+        if not self.interval:
+            return None
+        count = self._turns.get(conversation)
+        if count is None:  # the first turn of this live object: count in the store, once
+            return self._count_then_mine(conversation)
+        self._turns[conversation] = count = count + 1
+        return self._mine_after(conversation, count) if count % self.interval == 0 else None
 
-    async def _maybe_mine(self, conversation: ChatConversation) -> None:
+    async def _count_then_mine(self, conversation: ChatConversation) -> None:
         turns = (await _store(conversation).token_stats(conversation.id)).turns
-        if turns == 0 or turns % self.interval:
-            return
+        self._turns.setdefault(conversation, turns)
+        if turns and turns % self.interval == 0:
+            await self._mine_after(conversation, turns)
+
+    async def _mine_after(self, conversation: ChatConversation, turns: int) -> None:
         if self._running:
             log.info("[SkillMiner] busy: skipped after turn %d of %s", turns, conversation.id)
             return
