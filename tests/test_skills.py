@@ -114,8 +114,9 @@ def skills_dir(tmp_path: Path) -> Path:
     return make_skills(tmp_path / "skills")
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
+@pytest.fixture(name="fake")
+async def fake_server() -> AsyncIterator[FakeOpenAI]:
+    """The fake OpenAI server in this process (the other skills and soul tests import it)."""
     server = FakeOpenAI()
     await server.start()
     yield server

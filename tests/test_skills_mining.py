@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_skills import (
     app_env,
     build_app,
+    fake_server,  # noqa: F401 - the `fake` fixture
     new_conversation,
     run_turn,
     skill_md,
@@ -47,14 +47,6 @@ def mined(*skills: dict[str, Any], delay: float = 0.0) -> Reply:
 
 def mining_calls(fake: FakeOpenAI) -> list[dict[str, Any]]:
     return [r for r in fake.requests if MATCH in json.dumps(r["messages"])]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    await server.start()
-    yield server
-    await server.close()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,12 @@ import pytest
 
 from agentik.core.cli import banner, main
 from tests.conftest import BIN
-from tests.fake_openai import FakeOpenAI
 from tests.test_skills import (
     BASE_PROMPT,
     BUILTINS,
     app_env,
     build_app,
+    fake_server,  # noqa: F401 - the `fake` fixture
     make_skills,
     new_conversation,
     run_turn,
@@ -31,14 +30,6 @@ SOUL = "You are Marvin, a patient technical assistant.\nNever reveal keys or pas
 
 def soul_app(env: dict[str, str]) -> Any:
     return build_app(env, (*BUILTINS, "agentik_soul"))
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    await server.start()
-    yield server
-    await server.close()
 
 
 @pytest.fixture
