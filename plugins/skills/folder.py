@@ -271,7 +271,7 @@ class SkillCatalogue:
             raise SkillError(f"skill {name!r} cannot be read: {e.strerror}") from None
         if skill.is_yaml:
             return skill, parse_yaml_skill(text)[1], []
-        return skill, split_skill_md(text)[1], self._files(path.parent)
+        return skill, split_skill_md(text)[1], self._files(self._folder(skill))
 
     def _files(self, folder: Path) -> list[str]:
         """The files of a skill's folder but its SKILL.md, hidden files and nested skills."""
@@ -279,7 +279,8 @@ class SkillCatalogue:
 
         def walk(current: Path, rel: str) -> None:
             try:
-                entries = sorted(os.scandir(current), key=lambda e: e.name)
+                with os.scandir(current) as it:
+                    entries = sorted(it, key=lambda e: e.name)
             except OSError:
                 return
             for e in entries:
