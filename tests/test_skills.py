@@ -503,6 +503,30 @@ def test_an_unchanged_folder_is_not_parsed_again(skills_dir, monkeypatch):
     assert parsed == ["tips.yaml"] and cat.version == version + 1
 
 
+async def test_a_slow_check_runs_off_the_event_loop(skills_dir, monkeypatch):
+    """On the event loop, a large folder is checked in a thread: the prompt built meanwhile
+    uses what the catalogue knew, the next ones see the change."""
+    cat = SkillCatalogue(skills_dir, rescan=0)
+    cat.skills()  # the first check, inline
+    monkeypatch.setattr(folder, "LOOP_SCAN_FILES", 10)  # as if the folder were large
+    scans: list[bool] = []
+    real = SkillCatalogue._refresh
+
+    def refresh(self: SkillCatalogue) -> None:
+        scans.append(folder._on_event_loop())
+        real(self)
+
+    monkeypatch.setattr(SkillCatalogue, "_refresh", refresh)
+    write(skills_dir / "new-one/SKILL.md", skill_md("new-one", "Added by hand."))
+    assert "new-one" not in cat.prompt_section()
+    for _ in range(200):
+        if "new-one" in cat.prompt_section():
+            break
+        await asyncio.sleep(0.01)
+    assert "- **new-one**: Added by hand." in cat.prompt_section()
+    assert scans and not any(scans)  # never on the loop's thread
+
+
 async def test_a_live_conversation_keeps_its_prompt_a_new_one_sees_the_change(
     skills_dir, fake, tmp_path, aiohttp_client
 ):
