@@ -43,6 +43,7 @@ SUITE = {  # id -> (module, timeout s)
     "B14": ("b14_loop_lag.py", 240),
     "B16": ("b16_trivial_route.py", 240),
     "B17": ("b17_litert.py", 240),
+    "B18": ("b18_skills.py", 400),
 }
 
 

@@ -5,6 +5,7 @@ In-process::
     fake = FakeOpenAI()
     await fake.start()                      # fake.base_url == "http://127.0.0.1:PORT/v1"
     fake.script(Reply("Hello there"), Reply(tool_calls=[("add", {"a": 1})]))
+    fake.script(Reply('{"skills": []}', match="skill library"))  # only for such a request
     ...                                     # fake.requests holds every request body
     await fake.close()
 
@@ -62,7 +63,7 @@ class Reply:
     fail_after: int | None = None  # drop the connection after this many chunks
     raw: str | None = None  # streamed verbatim instead of chunks (malformed streams)
     code: str | None = None  # the error body's code, e.g. "context_length_exceeded" (a 400)
-    match: str | None = None  # only for a request whose last user message contains this
+    match: str | None = None  # only for a request whose messages contain this text
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Reply:
@@ -160,12 +161,13 @@ class FakeOpenAI:
     def script(self, *replies: Reply) -> None:
         self._script.extend(replies)
 
-    def _next_reply(self, body: dict[str, Any]) -> Reply:
-        """The first scripted reply matching this request, else the first without ``match``."""
-        text = last_user_text(body)
+    def _next(self, body: dict[str, Any]) -> Reply:
+        """The first scripted reply whose ``match`` is in the request's messages, else the first
+        without ``match`` (background calls and turns interleave), else the default."""
+        text = "\n".join(message_text(m) for m in body.get("messages", []))
         matching = [r for r in self._script if r.match is not None and r.match in text]
         plain = [r for r in self._script if r.match is None]
-        for reply in matching[:1] or plain[:1]:
+        for reply in matching or plain:
             self._script.remove(reply)
             return reply
         return self.default(body)
@@ -179,7 +181,7 @@ class FakeOpenAI:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
-        reply = self._next_reply(body)
+        reply = self._next(body)
         stream = bool(body.get("stream"))
         if reply.status != 200:
             text, kind, code = ERRORS.get(reply.status, (SERVER_ERROR, "server_error", None))
