@@ -75,13 +75,21 @@ class ToolCallRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts of one step, when the backend knows them."""
+    """Token counts of one step, when the backend knows them; ``estimated`` when the backend
+    guessed them (e.g. from the characters sent and received) because the endpoint sent none."""
 
     input_tokens: int | None
     output_tokens: int | None
+    estimated: bool = False
 
 
-LLMChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallRequest | Usage
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    """The reply stopped at the output-token cap or the end of the context (OpenAI's
+    ``finish_reason: "length"``), not where the model meant to stop."""
+
+
+LLMChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallRequest | Usage | Truncated
 
 
 # --- working memory, as handed to a backend when it builds a conversation -----------------
