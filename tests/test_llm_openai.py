@@ -20,6 +20,7 @@ from aiohttp import web
 
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
+from agentik.core.conversation import INTERRUPTED_MARK
 from agentik.core.llm import (
     CONTEXT_LENGTH,
     HistoryItem,
@@ -43,6 +44,7 @@ from agentik.core.types import End, Error, TextPart
 from agentik_llm_openai import client as client_module
 from agentik_llm_openai.backend import NO_RESULT, OpenAIBackend, _add_fragment, history_messages
 from agentik_llm_openai.client import retry_delay
+from tests.conftest import collect_turn
 from tests.fake_openai import FakeOpenAI, Quirks, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1095,3 +1097,102 @@ async def test_a_context_error_inside_the_stream(fake: FakeOpenAI, backend: Open
         with pytest.raises(LLMError) as info:
             await collect(backend.create_conversation("", [], []), [UserInput("hi")])
         assert info.value.code == code
+
+
+# --- what the turn engine makes of it (#14) --------------------------------------------------
+
+
+async def chat(backend: OpenAIBackend) -> tuple[ChatAgent, Any]:
+    agent = ChatAgent(
+        store=MemoryStore(), llm=backend, prompt_sections=[(100, "base", lambda: "sys")]
+    )
+    return agent, await agent.create_conversation()
+
+
+async def turn_events(conv: Any, text: str) -> list[Any]:
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send([TextPart(text)])
+    return await events
+
+
+async def test_a_truncated_reply_is_recorded_as_such(fake: FakeOpenAI) -> None:
+    agent, conv = await chat(make_backend(fake.base_url, max_tokens=8))
+    fake.script(Reply("It was a dark and", finish="length", usage=(20, 8)), Reply("Fine."))
+    events = await turn_events(conv, "Tell me a story.")
+    assert [e.type for e in events[-2:]] == ["Truncated", "End"]
+    assert (await turn_events(conv, "Short, please."))[-2].type == "AppendText"
+    await conv.wait_idle()
+    records = [m.to_json() for m in await conv.get_messages()]
+    assert records[1]["type"] == "assistant" and records[1]["truncated"] is True
+    assert records[1]["tokens"] == {"input": 20, "output": 8}
+    assert "truncated" not in records[3]
+    assert fake.requests[1]["messages"][2] == {"role": "assistant", "content": "It was a dark and"}
+    await agent.close()
+
+
+@pytest.mark.parametrize("quirky", [Quirks(no_usage=True)], indirect=True)
+async def test_tokens_are_estimated_and_marked_when_the_server_sends_none(
+    quirky: FakeOpenAI, quirky_backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(quirky_backend)
+    quirky.script(Reply("x" * 400))
+    await turn_events(conv, "y" * 797)
+    await conv.wait_idle()
+    tokens = (await conv.get_messages())[-1].payload["tokens"]
+    assert tokens == {"input": 200, "output": 100, "estimated": True}  # (797 + 3) / 4, 400 / 4
+    await agent.close()
+
+
+async def test_a_failed_turn_keeps_what_was_shown_in_the_audit_log_only(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(backend)
+    fake.script(Reply("one two three four", fail_after=3), Reply("Fine."))
+    events = await turn_events(conv, "count")
+    assert [e.type for e in events[-2:]] == ["Error", "End"]
+    assert events[-2].message == "the model server closed the stream in the middle of the reply"
+    await turn_events(conv, "again")
+    records = [m.to_json() for m in await conv.get_messages()]
+    assert [r["type"] for r in records] == ["user", "error", "user", "assistant"]
+    assert records[1]["partialText"] == "one two"
+    assert [m["content"] for m in fake.requests[1]["messages"]] == ["sys", "again"]
+    await agent.close()
+
+
+async def test_after_an_interrupt_the_model_sees_its_partial_reply_marked(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(backend)
+    fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."))
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send([TextPart("talk")])
+    while not fake.requests:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.15)  # a few words were streamed
+    assert conv.interrupt()
+    got = await events
+    assert got[-2].type == "Interrupted"
+    await turn_events(conv, "stop")
+    sent = fake.requests[1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    partial = "".join(e.text for e in got if e.type == "AppendText")
+    assert partial and sent[2]["content"] == f"{partial}\n\n{INTERRUPTED_MARK}"
+    await agent.close()
+
+
+async def test_a_context_length_refusal_does_not_brick_the_conversation(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(backend)
+    too_long = "the request exceeds the available context size, try increasing it"
+    fake.script(Reply("A very long reply", finish="length"), Reply(too_long, status=400))
+    await turn_events(conv, "write a lot")
+    events = await turn_events(conv, "and more")
+    assert events[-2].code == CONTEXT_LENGTH and "OPENAI_CONTEXT_WINDOW" in events[-2].message
+    await turn_events(conv, "new topic")  # nothing of the failed turn is in the context
+    assert [m["content"] for m in fake.requests[2]["messages"]] == [
+        "sys", "write a lot", "A very long reply", "new topic"
+    ]  # fmt: skip
+    await agent.close()

@@ -24,6 +24,7 @@ from agentik.core.llm import (
     Usage,
     UserInput,
 )
+from agentik.core.llm import Truncated as TruncatedReply
 from agentik.core.store import Store, utcnow
 from agentik.core.types import (
     AppendText,
@@ -42,6 +43,7 @@ from agentik.core.types import (
     TokenUsage,
     ToolCall,
     ToolResult,
+    Truncated,
     content_from_json,
     content_text,
     content_to_json,
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
+#: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
+INTERRUPTED_MARK = "[interrupted by the user]"
 PromptSection = tuple[int, str, Callable[[], str | None]]
 
 
@@ -60,14 +64,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def error_record(conversation_id: str, user_id: str, message: str, code: str | None) -> Message:
-    return Message(
-        new_id("err"),
-        conversation_id,
-        "error",
-        utcnow(),
-        {"message": message, "code": code, "userMessageId": user_id},
-    )
+def error_record(
+    conversation_id: str, user_id: str, message: str, code: str | None, partial_text: str = ""
+) -> Message:
+    payload: dict[str, Any] = {"message": message, "code": code, "userMessageId": user_id}
+    if partial_text:  # what the user saw of the reply before it failed
+        payload["partialText"] = partial_text
+    return Message(new_id("err"), conversation_id, "error", utcnow(), payload)
 
 
 class ConversationClosed(Exception):
@@ -77,7 +80,10 @@ class ConversationClosed(Exception):
 class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
-    __slots__ = ("ended", "llm_text", "memory", "open_calls", "text", "user")
+    __slots__ = (
+        "called_tools", "ended", "estimated", "llm_text", "memory", "open_calls", "step_start",
+        "text", "truncated", "user",
+    )  # fmt: skip
 
     def __init__(self, user: Message) -> None:
         self.user = user
@@ -88,6 +94,10 @@ class _Turn:
         self.memory: list[HistoryItem] = []
         self.text: list[str] = []
         self.open_calls: dict[str, tuple[str, str]] = {}  # call id -> (tool name, record id)
+        self.step_start = 0  # index in text of the step whose text is not in working memory
+        self.called_tools = False
+        self.truncated = False  # the last step's reply stopped at the output-token cap
+        self.estimated = False  # a step's token counts were estimated by the backend
 
 
 class ChatConversation:
@@ -367,6 +377,9 @@ class ChatConversation:
                     calls.append(chunk)
                 elif isinstance(chunk, Usage):
                     step_usage = chunk
+                    turn.estimated |= chunk.estimated
+                elif isinstance(chunk, TruncatedReply):
+                    turn.truncated = True
             if step_usage is None or step_usage.input_tokens is None:
                 usage_known = False
             elif usage_known:
@@ -383,10 +396,13 @@ class ChatConversation:
             (last_total - first_input)
             if usage_known and last_total is not None and first_input is not None
             else None,
+            usage_known and turn.estimated,
         )
         await self._finish(turn, step_text, tokens)
 
     async def _run_tools(self, turn: _Turn, calls: list[ToolCallRequest]) -> list[LLMInput]:
+        turn.step_start = len(turn.text)  # the step's text is in working memory now
+        turn.called_tools, turn.truncated = True, False  # the turn goes on
         results: list[LLMInput] = []
         for call in calls:
             record_id = new_id("tc")
@@ -448,12 +464,16 @@ class ChatConversation:
         payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
         if interrupted:
             payload["interrupted"] = True
+        elif turn.truncated:
+            payload["truncated"] = True
         memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
         await self._write(
             [Message(new_id("as"), self.id, "assistant", utcnow(), payload)], memory, turn
         )
         if interrupted:
             self._emit(Interrupted())
+        elif turn.truncated:
+            self._emit(Truncated())
         self._end(turn)
         if not interrupted:
             self.agent.after_turn(self, turn.llm_text, payload["text"])
@@ -466,14 +486,20 @@ class ChatConversation:
         await self._reset_llm()
         for call_id in list(turn.open_calls):
             await self._record_result(turn, call_id, "Error: interrupted", True)
-        await self._finish(turn, [], TokenUsage(None, None), interrupted=True)
+        # the model gets what it had said, marked, so its context never holds user, user
+        partial = "".join(turn.text[turn.step_start :])
+        said = [f"{partial}\n\n{INTERRUPTED_MARK}" if partial else INTERRUPTED_MARK]
+        if not partial and (turn.called_tools or not turn.memory):
+            said = []  # it ends with tool results, or the user's text never reached memory
+        await self._finish(turn, said, TokenUsage(None, None), interrupted=True)
 
     async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
         """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
         self._finishing = True
         await self._reset_llm()
+        partial = "".join(turn.text)  # kept in the audit log only (F2: memory stays clean)
         await self._store.fail_turn(
-            self.id, turn.user.id, error_record(self.id, turn.user.id, message, code)
+            self.id, turn.user.id, error_record(self.id, turn.user.id, message, code, partial)
         )
         self._emit(Error(message, code))
         self._end(turn)
