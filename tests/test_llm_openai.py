@@ -20,6 +20,7 @@ from aiohttp import web
 
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
+from agentik.core.cli import token_counts
 from agentik.core.conversation import INTERRUPTED_MARK
 from agentik.core.llm import (
     CONTEXT_LENGTH,
@@ -38,7 +39,7 @@ from agentik.core.llm import (
 )
 from agentik.core.registry import BackendRegistry
 from agentik.core.settings import Settings, SettingsError
-from agentik.core.store import MemoryStore
+from agentik.core.store import MemoryStore, TokenStats
 from agentik.core.tools import ToolRegistry, ToolSpec, tool
 from agentik.core.types import End, Error, TextPart
 from agentik_llm_openai import client as client_module
@@ -1048,7 +1049,9 @@ async def test_output_cap_and_a_truncated_reply(fake: FakeOpenAI) -> None:
     assert await llm.complete("hi") == "echo: hi"
     assert fake.requests[2]["max_tokens"] == 64
     await llm.aclose()
-    await collect(make_backend(fake.base_url).create_conversation("", [], []), [UserInput("x")])
+    llm = make_backend(fake.base_url)
+    await collect(llm.create_conversation("", [], []), [UserInput("x")])
+    await llm.aclose()
     assert "max_tokens" not in fake.requests[3]  # unset: the server's own cap
 
 
@@ -1129,6 +1132,7 @@ async def test_a_truncated_reply_is_recorded_as_such(fake: FakeOpenAI) -> None:
     assert "truncated" not in records[3]
     assert fake.requests[1]["messages"][2] == {"role": "assistant", "content": "It was a dark and"}
     await agent.close()
+    await agent.llm.aclose()
 
 
 @pytest.mark.parametrize("quirky", [Quirks(no_usage=True)], indirect=True)
@@ -1196,3 +1200,13 @@ async def test_a_context_length_refusal_does_not_brick_the_conversation(
         "sys", "write a lot", "A very long reply", "new topic"
     ]  # fmt: skip
     await agent.close()
+
+
+def test_the_banner_never_shows_unknown_counts_as_zero() -> None:
+    assert token_counts(TokenStats(0, 0, 0)) == "in=0, out=0, total=0"
+    assert token_counts(TokenStats(3, 0, 0, uncounted=3)) == (
+        "in=?, out=?, total=? (the model server gave no counts)"
+    )
+    assert token_counts(TokenStats(3, 100, 20, uncounted=1)) == (
+        "in=100, out=20, total=120 (+ 1 of 3 turns not counted)"
+    )

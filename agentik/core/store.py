@@ -63,6 +63,7 @@ class TokenStats:
     turns: int
     input: int
     output: int
+    uncounted: int = 0  # turns whose backend could not count (not in input and output)
 
 
 class Store(abc.ABC):
@@ -408,15 +409,15 @@ class SqliteStore(Store):
         def q() -> TokenStats:
             sql = (
                 "SELECT count(*), coalesce(sum(json_extract(payload_json, '$.tokens.input')), 0),"
-                " coalesce(sum(json_extract(payload_json, '$.tokens.output')), 0) "
+                " coalesce(sum(json_extract(payload_json, '$.tokens.output')), 0),"
+                " count(*) - count(json_extract(payload_json, '$.tokens.input')) "
                 "FROM message WHERE kind = 'assistant'"
             )
             params: tuple[Any, ...] = ()
             if conversation_id is not None:
                 sql += " AND conversation_id = ?"
                 params = (conversation_id,)
-            turns, tin, tout = self.db.execute(sql, params).fetchone()
-            return TokenStats(turns, tin, tout)
+            return TokenStats(*self.db.execute(sql, params).fetchone())
 
         return await self.db.read(q)
 
@@ -521,7 +522,7 @@ class MemoryStore(Store):
         return []
 
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
-        turns = tin = tout = 0
+        turns = tin = tout = uncounted = 0
         for cid, msgs in self._messages.items():
             if conversation_id is not None and cid != conversation_id:
                 continue
@@ -531,4 +532,5 @@ class MemoryStore(Store):
                     tokens = m.payload.get("tokens") or {}
                     tin += tokens.get("input") or 0
                     tout += tokens.get("output") or 0
-        return TokenStats(turns, tin, tout)
+                    uncounted += tokens.get("input") is None
+        return TokenStats(turns, tin, tout, uncounted)
