@@ -287,8 +287,11 @@ class FakeOpenAI:
         return web.json_response({"ok": True})
 
 
-async def _serve(host: str, port: int, port_file: Path | None, quirks: Quirks) -> None:
-    fake = FakeOpenAI(quirks=quirks)
+async def _serve(
+    host: str, port: int, port_file: Path | None, quirks: Quirks | None = None
+) -> None:
+    # bench/fake_llm.py swaps FakeOpenAI for a subclass that takes no quirks
+    fake = FakeOpenAI() if quirks is None else FakeOpenAI(quirks=quirks)
     await fake.start(host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

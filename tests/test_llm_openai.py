@@ -1062,6 +1062,7 @@ async def test_output_cap_and_a_truncated_reply(fake: FakeOpenAI) -> None:
         (400, "Please reduce the length of the messages.", "context_length_exceeded"),
         (400, "the request exceeds the available context size, try increasing it", None),
         (400, "Requested tokens (5000) exceed context window of 4096", None),
+        (400, "litellm.ContextWindowExceededError: prompt is too long", None),
         (
             500,
             "Trying to keep the first 5000 tokens when context the overflows. The context "

@@ -30,10 +30,11 @@ RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 BACKOFF_START, BACKOFF_MAX, RETRY_AFTER_MAX = 0.5, 8.0, 60.0
 SERVER_MESSAGE_MAX = 2000  # characters of the server's error message given to the user
 #: how servers say the context is full: OpenAI, vLLM and llama-cpp-python ("maximum context
-#: length"), llama.cpp ("exceeds the available context size"), others ("context window")
+#: length", code context_length_exceeded), llama.cpp ("exceeds the available context size"),
+#: LiteLLM (ContextWindowExceededError), others ("context window", "context length")
 CONTEXT_FULL = re.compile(
-    r"context[_ ]length[_ ]exceeded|maximum context length|context (?:window|size|length)"
-    r"|exceed_context_size",
+    r"context_?length_?exceeded|contextwindowexceeded|exceed_context_size"
+    r"|maximum context length|context (?:window|size|length)",
     re.IGNORECASE,
 )
 
