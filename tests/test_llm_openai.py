@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import socket
@@ -41,7 +42,7 @@ from agentik.core.registry import BackendRegistry
 from agentik.core.settings import Settings, SettingsError
 from agentik.core.store import MemoryStore, TokenStats
 from agentik.core.tools import ToolRegistry, ToolSpec, tool
-from agentik.core.types import End, Error, TextPart
+from agentik.core.types import MAX_IMAGE_BYTES, End, Error, ImagePart, InvalidInput, TextPart
 from agentik_llm_openai import client as client_module
 from agentik_llm_openai.backend import NO_RESULT, OpenAIBackend, _add_fragment, history_messages
 from agentik_llm_openai.client import retry_delay
@@ -1211,3 +1212,36 @@ def test_the_banner_never_shows_unknown_counts_as_zero() -> None:
     assert token_counts(TokenStats(3, 100, 20, uncounted=1)) == (
         "in=100, out=20, total=120 (+ 1 of 3 turns not counted)"
     )
+
+
+async def test_images_reach_a_model_that_takes_them(fake: FakeOpenAI) -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n fake pixels").decode()
+    image = ImagePart("image/png", data=png)
+    agent, conv = await chat(make_backend(fake.base_url, image_input=True))
+    fake.script(Reply("A cat."), Reply(status=500), Reply("Still a cat."))
+    await conv.send(
+        [TextPart("What is this?"), image, ImagePart("image/jpeg", url="https://x/y.jpg")]
+    )
+    await conv.wait_idle()
+    sent = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+        {"type": "image_url", "image_url": {"url": "https://x/y.jpg"}},
+    ]
+    assert fake.requests[0]["messages"][-1] == {"role": "user", "content": sent}
+    await turn_events(conv, "fail")  # the next turn rebuilds the context from working memory
+    await turn_events(conv, "and now?")
+    assert fake.requests[2]["messages"][1] == {"role": "user", "content": sent}
+    assert [m["content"] for m in fake.requests[2]["messages"][2:]] == ["A cat.", "and now?"]
+    too_big = base64.b64encode(b"\0" * (MAX_IMAGE_BYTES + 3)).decode()
+    with pytest.raises(InvalidInput, match="an image may be at most 4 MB"):
+        await conv.send([ImagePart("image/png", data=too_big)])
+    await agent.close()
+    await agent.llm.aclose()
+
+    agent, conv = await chat(make_backend(fake.base_url))  # OPENAI_IMAGE_INPUT unset
+    with pytest.raises(InvalidInput, match="does not accept image input"):
+        await conv.send([TextPart("What is this?"), image])
+    assert await conv.get_messages() == []
+    await agent.close()
+    await agent.llm.aclose()

@@ -27,6 +27,7 @@ from agentik.core.llm import (
 from agentik.core.llm import Truncated as TruncatedReply
 from agentik.core.store import Store, utcnow
 from agentik.core.types import (
+    MAX_IMAGE_BYTES,
     AppendText,
     ContentPart,
     ConversationInfo,
@@ -155,8 +156,14 @@ class ChatConversation:
             raise ConversationClosed(f"conversation {self.id} is closed")
         if not content:
             raise InvalidInput("content must not be empty")
-        if any(isinstance(p, ImagePart) for p in content) and not self.supports_image_input:
+        images = [p for p in content if isinstance(p, ImagePart)]
+        if images and not self.supports_image_input:
             raise InvalidInput("this agent's model does not accept image input")
+        caps = self.agent.llm.capabilities or {}
+        if any(p.url is not None for p in images) and not caps.get("image_url_input", True):
+            raise InvalidInput("this agent's model takes images as data, not as a url")
+        if any(p.data is not None and len(p.data) * 3 // 4 > MAX_IMAGE_BYTES for p in images):
+            raise InvalidInput(f"an image may be at most {MAX_IMAGE_BYTES // 2**20} MB")
         payload: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             payload["context"] = context.to_json()
@@ -319,6 +326,18 @@ class ChatConversation:
         prefix = MessageContext.from_json(ctx).llm_prefix() if ctx else ""
         return prefix + content_text(content_from_json(user.payload["content"]))
 
+    @staticmethod
+    def _images(user: Message) -> tuple[ImagePart, ...]:
+        """The user message's image parts (send let them in only for a model that takes them)."""
+        raw = user.payload["content"]
+        if all(p.get("type") == "text" for p in raw):  # the usual case: no parsing
+            return ()
+        return tuple(p for p in content_from_json(raw) if isinstance(p, ImagePart))
+
+    @staticmethod
+    def _images_extra(images: tuple[ImagePart, ...]) -> dict[str, Any]:
+        return {"images": [p.to_json() for p in images]} if images else {}
+
     async def _run_turn(self, user: Message) -> None:
         turn = _Turn(user)
         self.agent.publish("TurnStarted", self.id)
@@ -349,9 +368,10 @@ class ChatConversation:
     async def _turn_body(self, turn: _Turn) -> None:
         text = turn.llm_text = self._llm_text(turn.user)
         llm = await self._live_llm()
-        turn.memory.append(HistoryItem("user", text))
+        images = self._images(turn.user)
+        turn.memory.append(HistoryItem("user", text, extra=self._images_extra(images)))
         extra = await self.agent.before_turn(self, text)
-        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text)]
+        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text, images)]
         first_input: int | None = None
         last_total: int | None = None
         usage_known = True

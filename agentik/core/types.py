@@ -50,6 +50,8 @@ class ImagePart:
 
 
 ContentPart: TypeAlias = TextPart | ImagePart
+#: the largest image part accepted (decoded bytes), for backends that take images
+MAX_IMAGE_BYTES = 4 * 1024 * 1024
 
 
 def _require_str(obj: JSON, key: str, where: str, *, optional: bool = False) -> str | None:

@@ -37,6 +37,12 @@ SETTINGS = (
         "Output-token cap of one reply (`max_tokens`); unset: the server's own.",
     ),
     Setting(
+        "OPENAI_IMAGE_INPUT",
+        False,
+        cfg.parse_bool,
+        "true: the model takes images (sent as `image_url` data URLs); else images get a 400.",
+    ),
+    Setting(
         "OPENAI_TOOL_STREAMING",
         True,
         cfg.parse_bool,
@@ -66,6 +72,7 @@ def make_backend(settings: Settings) -> Any:
         context_window=settings["OPENAI_CONTEXT_WINDOW"],
         max_tokens=settings["OPENAI_MAX_TOKENS"],
         tool_streaming=settings["OPENAI_TOOL_STREAMING"],
+        image_input=settings["OPENAI_IMAGE_INPUT"],
     )
 
 

@@ -34,8 +34,10 @@ from agentik.core.llm import (
     Truncated,
     Usage,
     UserInput,
+    history_images,
 )
 from agentik.core.tools import ToolSpec
+from agentik.core.types import ImagePart
 from agentik_llm_openai.client import OpenAIClient, context_length_error
 
 log = logging.getLogger(__name__)
@@ -66,12 +68,15 @@ class OpenAIBackend(LLMBackend):
         context_window: int | None = None,
         max_tokens: int | None = None,
         tool_streaming: bool = True,
+        image_input: bool = False,
     ) -> None:
         self.base_url, self.api_key, self.model = base_url, api_key, model
         self.timeout, self.max_retries = timeout, max_retries
         self.context_window = context_window
         self.max_tokens = max_tokens  # the output-token cap of one step (None: the server's)
         self.tool_streaming = tool_streaming  # False: steps that offer tools are not streamed
+        # the API cannot say whether the model takes images: a setting does
+        self.capabilities = {"image_input": True} if image_input else None
         self.description = f"openai {model} @ {base_url}"
         self.client = OpenAIClient(
             base_url,
@@ -254,8 +259,12 @@ class OpenAIConversation(LLMConversation):
 
 
 def _message_chars(message: Message) -> int:
+    """Characters of a message's text (images are not counted)."""
     content = message.get("content")
-    n = len(content) if isinstance(content, str) else 0
+    if isinstance(content, str):
+        n = len(content)
+    else:  # parts: text and images
+        n = sum(len(p.get("text", "")) for p in content or ())
     for call in message.get("tool_calls") or ():
         n += len(call["function"]["name"]) + len(call["function"]["arguments"])
     return n
@@ -308,9 +317,21 @@ def _error_text(chunk: dict[str, Any]) -> str:
     return str(error.get("message") or error) if isinstance(error, dict) else str(error)
 
 
+def user_message(text: str, images: Sequence[ImagePart] = ()) -> Message:
+    """A user message; with images, content parts whose images are ``image_url``s (inline
+    ones as ``data:`` URLs)."""
+    if not images:
+        return {"role": "user", "content": text}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for image in images:
+        url = image.url or f"data:{image.mime_type};base64,{image.data}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": "user", "content": parts}
+
+
 def input_message(item: LLMInput) -> Message:
     if isinstance(item, UserInput):
-        return {"role": "user", "content": item.text}
+        return user_message(item.text, item.images)
     if isinstance(item, ToolResultInput):
         return {"role": "tool", "tool_call_id": item.call_id, "content": item.text}
     raise TypeError(f"unsupported LLM input {type(item).__name__}")
@@ -360,7 +381,9 @@ def history_messages(system_prompt: str, history: Sequence[HistoryItem]) -> list
             pending.append(call_id)
             continue
         settle()
-        if item.role in ("user", "assistant"):
+        if item.role == "user":
+            messages.append(user_message(item.text, history_images(item)))
+        elif item.role == "assistant":
             messages.append({"role": item.role, "content": item.text})
         elif item.role == "summary":
             messages.append({"role": "user", "content": SUMMARY_PREFIX + item.text})
