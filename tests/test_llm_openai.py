@@ -1032,6 +1032,13 @@ async def test_error_texts_are_one_sentence_with_details_in_the_log(
     assert info.value.message == "the model server closed the stream in the middle of the reply"
     assert "Payload" in caplog.text or "payload" in caplog.text
 
+    fake.script(Reply("never sent", fail_after=0))  # llama-cpp-python's way to refuse a stream
+    with pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.message == (
+        "the model server closed the stream before replying (its log says why)"
+    )
+
     fake.script(Reply(raw="data: {not json\n\n"))
     with pytest.raises(LLMError) as info:
         await collect(backend.create_conversation("", [], []), [UserInput("hi")])

@@ -38,7 +38,7 @@ from agentik.core.llm import (
 )
 from agentik.core.tools import ToolSpec
 from agentik.core.types import ImagePart
-from agentik_llm_openai.client import OpenAIClient, context_length_error
+from agentik_llm_openai.client import STREAM_CUT, OpenAIClient, context_length_error
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,10 @@ TOOLS_NOT_STREAMED_ADVICE = (
     "if it cannot stream replies when tools are offered (llama-cpp-python cannot), "
     "set OPENAI_TOOL_STREAMING=false"
 )
-TOOLS_NOT_STREAMED = (
-    f"the model server closed the stream before replying; {TOOLS_NOT_STREAMED_ADVICE}"
-)
+# llama-cpp-python answers a streamed request 200 at once, then cuts the stream on any refusal
+# (a context too long, tools it cannot stream): the reason is only in its log
+CUT_BEFORE_REPLY = "the model server closed the stream before replying (its log says why)"
+TOOLS_NOT_STREAMED = f"{CUT_BEFORE_REPLY}; {TOOLS_NOT_STREAMED_ADVICE}"
 CHARS_PER_TOKEN = 4  # the usual rough estimate, when the endpoint does not count
 
 
@@ -220,10 +221,11 @@ class OpenAIConversation(LLMConversation):
                 raise LLMError("the model server ended the reply early", "bad_response")
             requests = [_call_request(calls[i]) for i in sorted(calls)]
         except LLMError as e:
-            if self.tools and not whole and not text and not calls:
-                if e.code == "connection":  # llama-cpp-python: a 200, then the stream is cut
-                    raise LLMError(TOOLS_NOT_STREAMED, e.code) from e
-                if "stream" in e.message and "tool" in e.message:
+            if not whole and not text and not calls:
+                if e.message == STREAM_CUT:  # a 200, then the stream was cut: a refusal
+                    cut = TOOLS_NOT_STREAMED if self.tools else CUT_BEFORE_REPLY
+                    raise LLMError(cut, e.code) from e
+                if self.tools and "stream" in e.message and "tool" in e.message:
                     raise LLMError(f"{e.message}; {TOOLS_NOT_STREAMED_ADVICE}", e.code) from e
             raise
         except Exception as e:

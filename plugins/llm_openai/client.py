@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 BACKOFF_START, BACKOFF_MAX, RETRY_AFTER_MAX = 0.5, 8.0, 60.0
+STREAM_CUT = "the model server closed the stream in the middle of the reply"
 SERVER_MESSAGE_MAX = 2000  # characters of the server's error message given to the user
 #: how servers say the context is full: OpenAI, vLLM and llama-cpp-python ("maximum context
 #: length", code context_length_exceeded), llama.cpp ("exceeds the available context size"),
@@ -180,9 +181,7 @@ class OpenAIClient:
             raise self.timed_out() from e
         except aiohttp.ClientError as e:
             log.warning("the reply from %s broke off: %s: %s", self.base_url, type(e).__name__, e)
-            raise LLMError(
-                "the model server closed the stream in the middle of the reply", "connection"
-            ) from e
+            raise LLMError(STREAM_CUT, "connection") from e
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         """POST ``body`` and yield the payload of each SSE ``data:`` line (``b"[DONE]"``
