@@ -47,6 +47,8 @@ def context_length_error(
     error body it came in (its ``code``), says the context is full; else None."""
     if not CONTEXT_FULL.search(body or message):
         return None
+    if len(message) > SERVER_MESSAGE_MAX:
+        message = message[:SERVER_MESSAGE_MAX] + "…"
     if context_window is None:
         advice = "set OPENAI_CONTEXT_WINDOW to the server's context size to turn on compaction"
     else:
