@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from agentik.core.agent import ChatAgent
-from agentik.core.llm import CONTEXT_LENGTH, HistoryItem, LLMError, UserInput
+from agentik.core.llm import CONTEXT_LENGTH, HistoryItem, LLMError, ToolCallRequest, UserInput
 from agentik.core.store import MemoryStore
 from agentik.core.tools import ToolSpec
 from agentik.core.types import TextPart
@@ -217,12 +217,19 @@ async def test_forced_streamed_tool_calls_repeat_the_name_and_we_take_it_once(
 
 
 async def test_streamed_automatic_tool_choice_gets_the_clear_error(real: RealServer) -> None:
+    """chatml-function-calling first lets the model choose (a grammar: a function or a message);
+    a message then streams, a function fails ("Automatic streaming tool choice is not
+    supported", after the 200). Which one this model picks is up to it; both must be clean."""
     backend = make_backend(real, model="gemma-tools")
     conv = backend.create_conversation("", [], [WEATHER])
-    with pytest.raises(LLMError) as info:
-        _ = [c async for c in conv.stream([UserInput("Weather in Oslo?")])]
-    assert info.value.message.endswith("set OPENAI_TOOL_STREAMING=false")
-    await backend.aclose()
+    try:
+        chunks = [c async for c in conv.stream([UserInput("Call get_weather for Oslo.")])]
+    except LLMError as e:
+        assert e.message.endswith("set OPENAI_TOOL_STREAMING=false"), e.message
+    else:
+        assert chunks and not any(isinstance(c, ToolCallRequest) for c in chunks)
+    finally:
+        await backend.aclose()
 
 
 async def test_a_tool_round_through_an_mcp_server(
@@ -244,7 +251,7 @@ async def test_a_tool_round_through_an_mcp_server(
             "AGENTIK_MCP_CONFIG": str(config),
         }
     )
-    proc.wait_output("tokens:")
+    proc.wait_output("tokens:", timeout=90)
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{base}/agentik/conversations") as r:
             cid = (await r.json())["id"]
