@@ -57,7 +57,7 @@ class Quirks:
     string_content_only: bool = False  # HTTP 500 when a message has "content": null
     no_usage: bool = False  # ignores stream_options.include_usage: never sends usage
     tools_need_tool_choice: bool = False  # without tool_choice the model sees no tools
-    no_streamed_tools: bool = False  # stream + tools + automatic choice: a 200, then a cut stream
+    no_streamed_tools: bool = False  # stream + tools + automatic choice: a 200, an empty stream
 
 
 LLAMA_CPP_PYTHON = Quirks(
@@ -267,7 +267,7 @@ class FakeOpenAI:
         automatic = body.get("tool_choice") in (None, "auto")
         if tools and stream and automatic and quirks.no_streamed_tools:
             # its "Automatic streaming tool choice is not supported", raised after the 200
-            return replace(reply, fail_after=0)
+            return replace(reply, raw="")
         if tools and quirks.tools_need_tool_choice and "tool_choice" not in body:
             return replace(reply, text=reply.text or INVENTED, tool_calls=[])
         return reply

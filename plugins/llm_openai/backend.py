@@ -48,10 +48,11 @@ TOOLS_NOT_STREAMED_ADVICE = (
     "if it cannot stream replies when tools are offered (llama-cpp-python cannot), "
     "set OPENAI_TOOL_STREAMING=false"
 )
-# llama-cpp-python answers a streamed request 200 at once, then cuts the stream on any refusal
-# (a context too long, tools it cannot stream): the reason is only in its log
-CUT_BEFORE_REPLY = "the model server closed the stream before replying (its log says why)"
-TOOLS_NOT_STREAMED = f"{CUT_BEFORE_REPLY}; {TOOLS_NOT_STREAMED_ADVICE}"
+# llama-cpp-python answers a streamed request 200 at once, then ends the stream without a word
+# on any refusal (a context too long, tools it cannot stream): the reason is only in its log
+NO_REPLY = "the model server ended the stream without a reply (its log says why)"
+ENDED_EARLY = "the model server ended the reply early"
+TOOLS_NOT_STREAMED = f"{NO_REPLY}; {TOOLS_NOT_STREAMED_ADVICE}"
 CHARS_PER_TOKEN = 4  # the usual rough estimate, when the endpoint does not count
 
 
@@ -218,13 +219,13 @@ class OpenAIConversation(LLMConversation):
                         if chunk.get("usage"):
                             usage = _usage(chunk["usage"])
             if finish is None:
-                raise LLMError("the model server ended the reply early", "bad_response")
+                raise LLMError(ENDED_EARLY, "bad_response")
             requests = [_call_request(calls[i]) for i in sorted(calls)]
         except LLMError as e:
             if not whole and not text and not calls:
-                if e.message == STREAM_CUT:  # a 200, then the stream was cut: a refusal
-                    cut = TOOLS_NOT_STREAMED if self.tools else CUT_BEFORE_REPLY
-                    raise LLMError(cut, e.code) from e
+                if e.message in (STREAM_CUT, ENDED_EARLY):  # a 200, then no reply: a refusal
+                    refused = TOOLS_NOT_STREAMED if self.tools else NO_REPLY
+                    raise LLMError(refused, e.code) from e
                 if self.tools and "stream" in e.message and "tool" in e.message:
                     raise LLMError(f"{e.message}; {TOOLS_NOT_STREAMED_ADVICE}", e.code) from e
             raise
