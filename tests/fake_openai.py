@@ -60,6 +60,7 @@ class Quirks:
     no_streamed_tools: bool = False  # stream + tools + automatic choice: a 200, an empty stream
 
 
+# with its default chat format; with --chat_format chatml-function-calling add no_streamed_tools
 LLAMA_CPP_PYTHON = Quirks(
     repeat_tool_names=True, string_content_only=True, no_usage=True, tools_need_tool_choice=True
 )
