@@ -13,8 +13,11 @@ As a process (end-to-end tests): ``python tests/fake_openai.py --port 0 --port-f
 writes the bound port to PATH and serves until SIGTERM; ``POST /_fake/script`` (a JSON list of
 Reply fields), ``GET /_fake/requests`` and ``POST /_fake/reset`` control it from outside.
 With an empty script it answers ``echo: <last user message text>``. A reply with ``match``
-answers only a request whose last user message contains that text (a background one-shot call
-next to the turns); the others answer the requests in order.
+answers only a request whose messages contain that text (a background one-shot call next to the
+turns); the others answer the requests in order.
+
+``FakeOpenAI(quirks=Quirks(...))`` (or ``--quirks llama-cpp-python``) makes it behave like a real
+server that departs from OpenAI's API in the ways listed in :class:`Quirks`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,26 @@ ERRORS = {  # status -> (default message, type, code), shaped like OpenAI's erro
 }
 
 
+@dataclass(frozen=True)
+class Quirks:
+    """How real servers depart from OpenAI's API (all off: as polite as OpenAI).
+    :data:`LLAMA_CPP_PYTHON` is what llama-cpp-python 0.3 was seen doing (docs/llm_servers.md)."""
+
+    repeat_tool_names: bool = False  # every tool-call fragment repeats its id and function.name
+    string_content_only: bool = False  # HTTP 500 when a message has "content": null
+    no_usage: bool = False  # ignores stream_options.include_usage: never sends usage
+    tools_need_tool_choice: bool = False  # without tool_choice the model sees no tools
+    no_streamed_tools: bool = False  # stream + tools + automatic choice: a 200, an empty stream
+
+
+# with its default chat format; with --chat_format chatml-function-calling add no_streamed_tools
+LLAMA_CPP_PYTHON = Quirks(
+    repeat_tool_names=True, string_content_only=True, no_usage=True, tools_need_tool_choice=True
+)
+QUIRKS = {"none": Quirks(), "llama-cpp-python": LLAMA_CPP_PYTHON}
+INVENTED = "It is sunny and 22 degrees."  # what a model says when it was not given the tools
+
+
 @dataclass
 class Reply:
     """One scripted answer. With ``status`` other than 200, ``text`` is the error message."""
@@ -62,6 +85,7 @@ class Reply:
     hang: bool = False  # send the headers, then nothing until the server closes
     fail_after: int | None = None  # drop the connection after this many chunks
     raw: str | None = None  # streamed verbatim instead of chunks (malformed streams)
+    finish: str | None = None  # the finish_reason (default: "tool_calls" or "stop")
     code: str | None = None  # the error body's code, e.g. "context_length_exceeded" (a 400)
     match: str | None = None  # only for a request whose messages contain this text
 
@@ -100,8 +124,11 @@ def echo(body: dict[str, Any]) -> Reply:
     return Reply(f"echo: {last_user_text(body)}")
 
 
-def deltas(reply: Reply, calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """The streamed deltas: role, reasoning, text, then each tool call in 3+ fragments."""
+def deltas(
+    reply: Reply, calls: list[tuple[str, str, str]], quirks: Quirks = Quirks()
+) -> list[dict[str, Any]]:
+    """The streamed deltas: role, reasoning, text, then each tool call in 3+ fragments (each
+    repeating its id and name with ``quirks.repeat_tool_names``, as llama-cpp-python does)."""
     out: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     out += [{"reasoning_content": p} for p in split(reply.reasoning, reply.chunks)]
     out += [{"content": p} for p in split(reply.text, reply.chunks)]
@@ -109,8 +136,11 @@ def deltas(reply: Reply, calls: list[tuple[str, str, str]]) -> list[dict[str, An
         head = {"index": i, "id": call_id, "type": "function"}
         out.append({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})
         half = len(args) // 2
-        out += [{"tool_calls": [{"index": i, "function": {"arguments": part}}]}
-                for part in (args[:half], args[half:])]  # fmt: skip
+        for part in (args[:half], args[half:]):
+            fragment: dict[str, Any] = {"index": i, "function": {"arguments": part}}
+            if quirks.repeat_tool_names:
+                fragment = {**head, "function": {"name": name, "arguments": part}}
+            out.append({"tool_calls": [fragment]})
     return out
 
 
@@ -125,8 +155,14 @@ def usage_of(body: dict[str, Any], reply: Reply, calls: list[tuple[str, str, str
 
 
 class FakeOpenAI:
-    def __init__(self, *, default: Callable[[dict[str, Any]], Reply] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        default: Callable[[dict[str, Any]], Reply] | None = None,
+        quirks: Quirks = Quirks(),
+    ) -> None:
         self.default = default or echo
+        self.quirks = quirks
         self.requests: list[dict[str, Any]] = []
         self._script: deque[Reply] = deque()
         self._closing = asyncio.Event()
@@ -183,10 +219,11 @@ class FakeOpenAI:
         self.requests.append(body)
         reply = self._next(body)
         stream = bool(body.get("stream"))
+        reply = self._quirky(body, reply, stream)
         if reply.status != 200:
             text, kind, code = ERRORS.get(reply.status, (SERVER_ERROR, "server_error", None))
-            code = reply.code or code
-            error = {"message": reply.text or text, "type": kind, "param": None, "code": code}
+            error = {"message": reply.text or text, "type": kind, "param": None,
+                     "code": reply.code or code}  # fmt: skip
             return web.json_response({"error": error}, status=reply.status)
         if reply.hang:  # the headers, then nothing until close()
             resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[stream]})
@@ -197,8 +234,8 @@ class FakeOpenAI:
                 "model": body.get("model", MODEL)}  # fmt: skip
         calls = [(f"call_{uuid.uuid4().hex[:24]}", name, a if isinstance(a, str) else json.dumps(a))
                  for name, a in reply.tool_calls]  # fmt: skip
-        usage = usage_of(body, reply, calls)
-        finish = "tool_calls" if calls else "stop"
+        usage = None if self.quirks.no_usage else usage_of(body, reply, calls)
+        finish = reply.finish or ("tool_calls" if calls else "stop")
         if not stream:
             await asyncio.sleep(reply.delay)
             message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
@@ -219,7 +256,7 @@ class FakeOpenAI:
             return resp
         chunk = {**base, "object": "chat.completion.chunk"}
         frames = [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
-                  for d in deltas(reply, calls)]  # fmt: skip
+                  for d in deltas(reply, calls, self.quirks)]  # fmt: skip
         frames.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         if usage and (body.get("stream_options") or {}).get("include_usage"):
             frames.append({**chunk, "choices": [], "usage": usage})
@@ -238,6 +275,23 @@ class FakeOpenAI:
             pass  # the client went away
         return resp
 
+    def _quirky(self, body: dict[str, Any], reply: Reply, stream: bool) -> Reply:
+        """``reply`` as a server with :attr:`quirks` would answer ``body``."""
+        quirks = self.quirks
+        if quirks.string_content_only and any(
+            m.get("content") is None for m in body.get("messages", [])
+        ):  # pydantic's error, as llama-cpp-python answers it
+            return Reply("1 validation error: messages.content: Input should be a valid string",
+                         status=500)  # fmt: skip
+        tools = bool(body.get("tools"))
+        automatic = body.get("tool_choice") in (None, "auto")
+        if tools and stream and automatic and quirks.no_streamed_tools:
+            # its "Automatic streaming tool choice is not supported", raised after the 200
+            return replace(reply, raw="")
+        if tools and quirks.tools_need_tool_choice and "tool_choice" not in body:
+            return replace(reply, text=reply.text or INVENTED, tool_calls=[])
+        return reply
+
     # --- control endpoints (for tests that run the fake as another process) ---------------
 
     async def _control_script(self, request: web.Request) -> web.Response:
@@ -253,8 +307,11 @@ class FakeOpenAI:
         return web.json_response({"ok": True})
 
 
-async def _serve(host: str, port: int, port_file: Path | None) -> None:
-    fake = FakeOpenAI()
+async def _serve(
+    host: str, port: int, port_file: Path | None, quirks: Quirks | None = None
+) -> None:
+    # bench/fake_llm.py swaps FakeOpenAI for a subclass that takes no quirks
+    fake = FakeOpenAI() if quirks is None else FakeOpenAI(quirks=quirks)
     await fake.start(host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -276,5 +333,6 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", type=Path)
+    parser.add_argument("--quirks", choices=sorted(QUIRKS), default="none")
     args = parser.parse_args()
-    asyncio.run(_serve(args.host, args.port, args.port_file))
+    asyncio.run(_serve(args.host, args.port, args.port_file, QUIRKS[args.quirks]))

@@ -312,6 +312,21 @@ async def test_images_are_refused_clearly_and_nothing_is_recorded(make_agent):
     assert await conv.get_messages() == []
 
 
+async def test_images_reach_a_model_that_takes_them_and_stay_in_its_context(make_agent):
+    llm = ScriptedLLM()
+    llm.capabilities = {"image_input": True, "image_url_input": False}
+    agent = await make_agent(llm)
+    conv = await agent.create_conversation()
+    png = ImagePart("image/png", data="AAAA")
+    with pytest.raises(InvalidInput, match="as data, not as a url"):
+        await conv.send([ImagePart("image/png", url="https://x/y.png")])
+    await conv.send([TextPart("what is it?"), png])
+    await conv.wait_idle()
+    assert llm.received[0][0].images == (png,)
+    (row, _) = await agent.store.list_memory(conv.id)
+    assert row.item.extra == {"images": [png.to_json()]}  # a rebuilt context has it too
+
+
 async def test_delete_stops_the_turn_and_cascades(make_agent):
     agent = await make_agent(ScriptedLLM(["x"] * 500, delay=0.01))
     conv = await agent.create_conversation()

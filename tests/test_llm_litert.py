@@ -40,6 +40,7 @@ from agentik.core.llm import (
 from agentik.core.settings import Settings, SettingsError
 from agentik.core.testing import test_plugins
 from agentik.core.tools import ToolSpec, tool
+from agentik.core.types import ImagePart
 from agentik.hookspecs import hookimpl
 from agentik_llm_litert.backend import (
     LiteRtBackend,
@@ -186,6 +187,21 @@ def test_tool_results_go_back_as_one_tool_message():
         ],
     }
     assert input_message([UserInput("hi")]) == {"role": "user", "content": "hi"}
+
+
+def test_images_go_to_a_vision_model_as_image_parts():
+    """The image input of litert_lm's messages (``{"type": "image", "blob": base64}``); no
+    vision model is at hand here, so the engine's use of it is not run."""
+    png = ImagePart("image/png", data="iVBORw0KGgo=")
+    image_part = {"type": "image", "blob": "iVBORw0KGgo="}
+    assert input_message([UserInput("what is it?", (png,))]) == {
+        "role": "user",
+        "content": [image_part, {"type": "text", "text": "what is it?"}],
+    }
+    item = HistoryItem("user", "what is it?", extra={"images": [png.to_json()]})
+    assert history_messages([item])[0]["content"][0] == image_part
+    with pytest.raises(LLMError, match="as data, not as a URL"):
+        input_message([UserInput("?", (ImagePart("image/png", url="https://x/y.png"),))])
 
 
 def test_streamed_messages_become_chunks():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import socket
@@ -19,7 +20,10 @@ from aiohttp import web
 
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
+from agentik.core.cli import token_counts
+from agentik.core.conversation import INTERRUPTED_MARK
 from agentik.core.llm import (
+    CONTEXT_LENGTH,
     HistoryItem,
     LLMChunk,
     LLMConversation,
@@ -29,18 +33,20 @@ from agentik.core.llm import (
     TextDelta,
     ToolCallRequest,
     ToolResultInput,
+    Truncated,
     Usage,
     UserInput,
 )
 from agentik.core.registry import BackendRegistry
 from agentik.core.settings import Settings, SettingsError
-from agentik.core.store import MemoryStore
+from agentik.core.store import MemoryStore, TokenStats
 from agentik.core.tools import ToolRegistry, ToolSpec, tool
-from agentik.core.types import End, Error, TextPart
+from agentik.core.types import MAX_IMAGE_BYTES, End, Error, ImagePart, InvalidInput, TextPart
 from agentik_llm_openai import client as client_module
 from agentik_llm_openai.backend import NO_RESULT, OpenAIBackend, _add_fragment, history_messages
 from agentik_llm_openai.client import retry_delay
-from tests.fake_openai import FakeOpenAI, Reply
+from tests.conftest import collect_turn
+from tests.fake_openai import FakeOpenAI, Quirks, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 WEATHER = ToolSpec(
@@ -151,17 +157,20 @@ async def test_text_streams_in_order_with_usage(fake: FakeOpenAI, backend: OpenA
     assert conv.messages[-1] == {"role": "assistant", "content": reply}
 
 
-async def test_usage_omitted_and_reasoning(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+async def test_usage_omitted_is_estimated_and_reasoning(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
     fake.script(Reply("Four.", reasoning="Two plus two is four.", usage=None))
-    chunks = await collect(backend.create_conversation("", [], []), [UserInput("2+2?")])
-    assert not any(isinstance(c, Usage) for c in chunks)
+    chunks = await collect(backend.create_conversation("", [], []), [UserInput("2+2? " * 10)])
+    # characters / 4: 50 sent; 5 + 21 received (the reasoning too)
+    assert chunks[-1] == Usage(12, 6, estimated=True)
     kinds = [type(c) for c in chunks]
     assert kinds.index(ReasoningDelta) < kinds.index(TextDelta)
     assert "".join(c.text for c in chunks if isinstance(c, ReasoningDelta)) == (
         "Two plus two is four."
     )
     assert text_of(chunks) == "Four."
-    assert fake.requests[0]["messages"] == [{"role": "user", "content": "2+2?"}]  # no system
+    assert fake.requests[0]["messages"] == [{"role": "user", "content": "2+2? " * 10}]  # no system
 
 
 async def test_parallel_tool_calls_accumulate_by_index(
@@ -240,7 +249,7 @@ async def test_multi_step_tool_conversation_messages(
 
     assistant_calls = {
         "role": "assistant",
-        "content": None,
+        "content": "",
         "tool_calls": [
             {
                 "id": calls[0].call_id,
@@ -312,7 +321,7 @@ def test_history_merges_text_and_tool_calls_and_keeps_summary() -> None:
         {"role": "tool", "tool_call_id": "c2", "content": "rainy"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",
             "tool_calls": [
                 {
                     "id": "c3",
@@ -336,7 +345,7 @@ def test_history_repairs_unpaired_tool_items() -> None:
         {"role": "user", "content": "[Result of tool calc]\n42"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",
             "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
             ],
@@ -373,18 +382,6 @@ async def test_http_errors(fake: FakeOpenAI, backend: OpenAIBackend, status: int
     assert f"upstream says no ({status})" in info.value.message
     assert str(status) in info.value.message
     assert conv.messages == []
-
-
-async def test_error_body_that_is_not_json_is_truncated(
-    fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend
-) -> None:
-    seen.error_body = "<html>Bad gateway " + "x" * 2000 + "</html>"
-    fake.script(Reply(status=502))
-    with pytest.raises(LLMError) as info:
-        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
-    assert info.value.code == "http_502"
-    prefix = "the model endpoint answered HTTP 502: "
-    assert info.value.message == prefix + seen.error_body[:500]
 
 
 async def test_request_headers(fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend) -> None:
@@ -543,7 +540,7 @@ async def test_connection_refused(delays: list[tuple[int, str | None, float]]) -
         with pytest.raises(LLMError) as info:
             await collect(llm.create_conversation("", [], []), [UserInput("hi")])
         assert info.value.code == "connection"
-        assert f"could not reach the model at {url}" in info.value.message
+        assert info.value.message == f"could not connect to the model server at {url}"
         with pytest.raises(LLMError) as info:
             await llm.complete("hi")
         assert info.value.code == "connection"
@@ -890,3 +887,367 @@ async def test_sse_framing_crlf_comments_and_a_huge_line(
     chunks = await collect(conv, [UserInput("hi")])
     assert text_of(chunks) == "a" + big
     assert conv.messages[-1] == {"role": "assistant", "content": "a" + big}
+
+
+# --- what real servers do (the fake's quirks; docs/llm_servers.md) -------------------------
+
+
+@pytest.fixture
+async def quirky(request: pytest.FixtureRequest) -> AsyncIterator[FakeOpenAI]:
+    """A fake with the quirks of ``@pytest.mark.parametrize("quirky", [...], indirect=True)``."""
+    server = FakeOpenAI(quirks=request.param)
+    await server.start()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def quirky_backend(quirky: FakeOpenAI) -> AsyncIterator[OpenAIBackend]:
+    llm = make_backend(quirky.base_url)
+    await llm.start()
+    yield llm
+    await llm.aclose()
+
+
+@pytest.mark.parametrize("quirky", [Quirks(repeat_tool_names=True)], indirect=True)
+async def test_a_name_and_id_repeated_in_every_fragment_are_taken_once(
+    quirky: FakeOpenAI, quirky_backend: OpenAIBackend
+) -> None:
+    quirky.script(
+        Reply(tool_calls=[("time__get_current_time", {"zone": "UTC"}), ("get_weather", "{}")])
+    )
+    chunks = await collect(quirky_backend.create_conversation("", [], [WEATHER]), [UserInput("?")])
+    calls = [c for c in chunks if isinstance(c, ToolCallRequest)]
+    assert [(c.name, json.loads(c.args_json)) for c in calls] == [
+        ("time__get_current_time", {"zone": "UTC"}),
+        ("get_weather", {}),
+    ]
+    assert calls[0].call_id.startswith("call_") and len(calls[0].call_id) == 29  # not doubled
+
+
+def test_a_name_streamed_in_parts_is_still_joined() -> None:
+    calls: dict[int, dict[str, Any]] = {}
+    for part in ("get_", "weather"):
+        _add_fragment(calls, {"index": 0, "function": {"name": part}})
+    assert calls[0]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("quirky", [Quirks(string_content_only=True)], indirect=True)
+async def test_tool_call_messages_carry_string_content(
+    quirky: FakeOpenAI, quirky_backend: OpenAIBackend
+) -> None:
+    history = [
+        HistoryItem("user", "weather?"),
+        HistoryItem("tool_call", call_id="c1", tool_name="get_weather", args_json="{}"),
+        HistoryItem("tool_result", "", call_id="c1", tool_name="get_weather"),
+        HistoryItem("assistant", "Sunny."),
+    ]
+    conv = quirky_backend.create_conversation("sys", history, [WEATHER])
+    quirky.script(Reply(tool_calls=[("get_weather", {"city": "Oslo"})]), Reply("Rain."))
+    await collect(conv, [UserInput("and Oslo?")])
+    call_id = conv.messages[-1]["tool_calls"][0]["id"]
+    assert text_of(await collect(conv, [ToolResultInput(call_id, "get_weather", "")])) == "Rain."
+    sent = quirky.requests[-1]["messages"]
+    assert [m["content"] for m in sent if m["role"] in ("assistant", "tool")] == [
+        "",
+        "",
+        "Sunny.",
+        "",
+        "",
+    ]
+
+
+@pytest.mark.parametrize("quirky", [Quirks(tools_need_tool_choice=True)], indirect=True)
+async def test_tools_are_offered_with_tool_choice_auto(
+    quirky: FakeOpenAI, quirky_backend: OpenAIBackend
+) -> None:
+    quirky.script(Reply(tool_calls=[("get_weather", {"city": "Oslo"})]), Reply("hi"))
+    chunks = await collect(quirky_backend.create_conversation("", [], [WEATHER]), [UserInput("?")])
+    assert [c.name for c in chunks if isinstance(c, ToolCallRequest)] == ["get_weather"]
+    assert quirky.requests[0]["tool_choice"] == "auto"
+    await collect(quirky_backend.create_conversation("", [], []), [UserInput("no tools")])
+    assert "tool_choice" not in quirky.requests[1] and "tools" not in quirky.requests[1]
+
+
+@pytest.mark.parametrize("quirky", [Quirks(no_streamed_tools=True)], indirect=True)
+async def test_a_server_that_cannot_stream_tools_gets_a_clear_error_then_a_whole_reply(
+    quirky: FakeOpenAI,
+) -> None:
+    llm = make_backend(quirky.base_url)
+    quirky.script(Reply("unused"))
+    with pytest.raises(LLMError) as info:
+        await collect(llm.create_conversation("", [], [WEATHER]), [UserInput("?")])
+    assert info.value.code == "bad_response"  # a 200 and an empty stream
+    assert "OPENAI_TOOL_STREAMING=false" in info.value.message
+    quirky.script(Reply("Automatic streaming tool choice is not supported", status=500))
+    with pytest.raises(LLMError) as info:  # the same refusal, before the 200
+        await collect(llm.create_conversation("", [], [WEATHER]), [UserInput("?")])
+    assert info.value.message.startswith("the model server failed (HTTP 500): Automatic")
+    assert info.value.message.endswith("set OPENAI_TOOL_STREAMING=false")
+    await llm.aclose()
+
+    llm = make_backend(quirky.base_url, tool_streaming=False)
+    quirky.script(
+        Reply("Checking.", tool_calls=[("get_weather", {"city": "Oslo"})], usage=(30, 7)),
+        Reply("Rain in Oslo.", reasoning="Easy.", usage=(50, 4)),
+    )
+    conv = llm.create_conversation("", [], [WEATHER])
+    chunks = await collect(conv, [UserInput("Oslo?")])
+    assert [type(c).__name__ for c in chunks] == ["TextDelta", "ToolCallRequest", "Usage"]
+    call = chunks[1]
+    assert isinstance(call, ToolCallRequest) and json.loads(call.args_json) == {"city": "Oslo"}
+    assert chunks[2] == Usage(30, 7)
+    chunks = await collect(conv, [ToolResultInput(call.call_id, "get_weather", "rain")])
+    assert chunks == [ReasoningDelta("Easy."), TextDelta("Rain in Oslo."), Usage(50, 4)]
+    assert [r.get("stream", False) for r in quirky.requests[2:]] == [False, False]
+    assert conv.messages[-1] == {"role": "assistant", "content": "Rain in Oslo."}
+    await collect(llm.create_conversation("", [], []), [UserInput("no tools")])
+    assert quirky.requests[-1]["stream"] is True  # without tools it still streams
+    await llm.aclose()
+
+
+async def test_error_texts_are_one_sentence_with_details_in_the_log(
+    fake: FakeOpenAI, seen: Seen, backend: OpenAIBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    useful = "messages.3.content: Input should be a valid string " + "x" * 600 + " THE END"
+    fake.script(Reply(useful, status=400))
+    with pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.message == f"the model server rejected the request (HTTP 400): {useful}"
+
+    seen.error_body = "<html><body>Bad gateway " + "x" * 2000 + "</body></html>"
+    fake.script(Reply(status=502))
+    with caplog.at_level("WARNING"), pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.message == "the model server failed (HTTP 502 Bad Gateway)"
+    assert "Bad gateway xxx" in caplog.text  # the body is in the log
+
+    fake.script(Reply("one two three four", fail_after=3))
+    caplog.clear()
+    with caplog.at_level("WARNING"), pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.message == "the model server closed the stream in the middle of the reply"
+    assert "Payload" in caplog.text or "payload" in caplog.text
+
+    # llama-cpp-python refuses a streamed request with a 200 and an empty stream; or cut
+    fake.script(Reply("never sent", raw=""), Reply("never sent", fail_after=0))
+    for _ in range(2):
+        with pytest.raises(LLMError) as info:
+            await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+        assert info.value.message == (
+            "the model server ended the stream without a reply (its log says why)"
+        )
+
+    fake.script(Reply(raw="data: {not json\n\n"))
+    with pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.message == "the model server sent a reply that could not be read"
+
+
+async def test_output_cap_and_a_truncated_reply(fake: FakeOpenAI) -> None:
+    llm = make_backend(fake.base_url, max_tokens=64)
+    fake.script(Reply("A long story that goes on and", finish="length"), Reply("Short."))
+    conv = llm.create_conversation("", [], [])
+    chunks = await collect(conv, [UserInput("Tell me a story.")])
+    assert fake.requests[0]["max_tokens"] == 64
+    assert isinstance(chunks[-2], Truncated) and isinstance(chunks[-1], Usage)
+    assert conv.messages[-1]["content"] == "A long story that goes on and"  # kept, as seen
+    assert not any(isinstance(c, Truncated) for c in await collect(conv, [UserInput("Again")]))
+    assert await llm.complete("hi") == "echo: hi"
+    assert fake.requests[2]["max_tokens"] == 64
+    await llm.aclose()
+    llm = make_backend(fake.base_url)
+    await collect(llm.create_conversation("", [], []), [UserInput("x")])
+    await llm.aclose()
+    assert "max_tokens" not in fake.requests[3]  # unset: the server's own cap
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "code"),
+    [
+        (400, "This model's maximum context length is 4096 tokens.", "context_length_exceeded"),
+        (400, "Please reduce the length of the messages.", "context_length_exceeded"),
+        (400, "the request exceeds the available context size, try increasing it", None),
+        (400, "Requested tokens (5000) exceed context window of 4096", None),
+        (400, "litellm.ContextWindowExceededError: prompt is too long", None),
+        (
+            500,
+            "Trying to keep the first 5000 tokens when context the overflows. The context "
+            "length is 4096.",
+            None,
+        ),
+    ],
+)
+async def test_context_length_refusals_say_what_to_set(
+    fake: FakeOpenAI, status: int, message: str, code: str | None
+) -> None:
+    for window, advice in [
+        (None, "set OPENAI_CONTEXT_WINDOW to the server's context size to turn on compaction"),
+        (8192, "lower OPENAI_CONTEXT_WINDOW (now 8192) so compaction starts earlier"),
+    ]:
+        llm = make_backend(fake.base_url, context_window=window)
+        fake.script(Reply(message, status=status, code=code))
+        with pytest.raises(LLMError) as info:
+            await collect(llm.create_conversation("", [], []), [UserInput("hi")])
+        await llm.aclose()
+        assert info.value.code == CONTEXT_LENGTH
+        assert info.value.message == (
+            f"the conversation no longer fits the model's context ({message}); {advice}, "
+            "or start a new conversation"
+        )
+
+
+async def test_a_context_error_inside_the_stream(fake: FakeOpenAI, backend: OpenAIBackend) -> None:
+    too_long = "the request exceeds the available context size, try increasing it"
+    fake.script(Reply(raw=f'data: {{"error": {{"message": "{too_long}"}}}}\n\n'))
+    with pytest.raises(LLMError) as info:
+        await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+    assert info.value.code == CONTEXT_LENGTH
+    fake.script(Reply(status=400), Reply(status=401))  # other refusals are not context ones
+    for code in ("http_400", "http_401"):
+        with pytest.raises(LLMError) as info:
+            await collect(backend.create_conversation("", [], []), [UserInput("hi")])
+        assert info.value.code == code
+
+
+# --- what the turn engine makes of it (#14) --------------------------------------------------
+
+
+async def chat(backend: OpenAIBackend) -> tuple[ChatAgent, Any]:
+    agent = ChatAgent(
+        store=MemoryStore(), llm=backend, prompt_sections=[(100, "base", lambda: "sys")]
+    )
+    return agent, await agent.create_conversation()
+
+
+async def turn_events(conv: Any, text: str) -> list[Any]:
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send([TextPart(text)])
+    return await events
+
+
+async def test_a_truncated_reply_is_recorded_as_such(fake: FakeOpenAI) -> None:
+    agent, conv = await chat(make_backend(fake.base_url, max_tokens=8))
+    fake.script(Reply("It was a dark and", finish="length", usage=(20, 8)), Reply("Fine."))
+    events = await turn_events(conv, "Tell me a story.")
+    assert [e.type for e in events[-2:]] == ["Truncated", "End"]
+    assert (await turn_events(conv, "Short, please."))[-2].type == "AppendText"
+    await conv.wait_idle()
+    records = [m.to_json() for m in await conv.get_messages()]
+    assert records[1]["type"] == "assistant" and records[1]["truncated"] is True
+    assert records[1]["tokens"] == {"input": 20, "output": 8}
+    assert "truncated" not in records[3]
+    assert fake.requests[1]["messages"][2] == {"role": "assistant", "content": "It was a dark and"}
+    await agent.close()
+    await agent.llm.aclose()
+
+
+@pytest.mark.parametrize("quirky", [Quirks(no_usage=True)], indirect=True)
+async def test_tokens_are_estimated_and_marked_when_the_server_sends_none(
+    quirky: FakeOpenAI, quirky_backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(quirky_backend)
+    quirky.script(Reply("x" * 400))
+    await turn_events(conv, "y" * 797)
+    await conv.wait_idle()
+    tokens = (await conv.get_messages())[-1].payload["tokens"]
+    assert tokens == {"input": 200, "output": 100, "estimated": True}  # (797 + 3) / 4, 400 / 4
+    await agent.close()
+
+
+async def test_a_failed_turn_keeps_what_was_shown_in_the_audit_log_only(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(backend)
+    fake.script(Reply("one two three four", fail_after=3), Reply("Fine."))
+    events = await turn_events(conv, "count")
+    assert [e.type for e in events[-2:]] == ["Error", "End"]
+    assert events[-2].message == "the model server closed the stream in the middle of the reply"
+    await turn_events(conv, "again")
+    records = [m.to_json() for m in await conv.get_messages()]
+    assert [r["type"] for r in records] == ["user", "error", "user", "assistant"]
+    assert records[1]["partialText"] == "one two"
+    assert [m["content"] for m in fake.requests[1]["messages"]] == ["sys", "again"]
+    await agent.close()
+
+
+async def test_after_an_interrupt_the_model_sees_its_partial_reply_marked(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(backend)
+    fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."))
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send([TextPart("talk")])
+    while not fake.requests:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.15)  # a few words were streamed
+    assert conv.interrupt()
+    got = await events
+    assert got[-2].type == "Interrupted"
+    await turn_events(conv, "stop")
+    sent = fake.requests[1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    partial = "".join(e.text for e in got if e.type == "AppendText")
+    assert partial and sent[2]["content"] == f"{partial}\n\n{INTERRUPTED_MARK}"
+    await agent.close()
+
+
+async def test_a_context_length_refusal_does_not_brick_the_conversation(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    agent, conv = await chat(backend)
+    too_long = "the request exceeds the available context size, try increasing it"
+    fake.script(Reply("A very long reply", finish="length"), Reply(too_long, status=400))
+    await turn_events(conv, "write a lot")
+    events = await turn_events(conv, "and more")
+    assert events[-2].code == CONTEXT_LENGTH and "OPENAI_CONTEXT_WINDOW" in events[-2].message
+    await turn_events(conv, "new topic")  # nothing of the failed turn is in the context
+    assert [m["content"] for m in fake.requests[2]["messages"]] == [
+        "sys", "write a lot", "A very long reply", "new topic"
+    ]  # fmt: skip
+    await agent.close()
+
+
+def test_the_banner_never_shows_unknown_counts_as_zero() -> None:
+    assert token_counts(TokenStats(0, 0, 0)) == "in=0, out=0, total=0"
+    assert token_counts(TokenStats(3, 0, 0, uncounted=3)) == (
+        "in=?, out=?, total=? (the model server gave no counts)"
+    )
+    assert token_counts(TokenStats(3, 100, 20, uncounted=1)) == (
+        "in=100, out=20, total=120 (+ 1 of 3 turns not counted)"
+    )
+
+
+async def test_images_reach_a_model_that_takes_them(fake: FakeOpenAI) -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n fake pixels").decode()
+    image = ImagePart("image/png", data=png)
+    agent, conv = await chat(make_backend(fake.base_url, image_input=True))
+    fake.script(Reply("A cat."), Reply(status=500), Reply("Still a cat."))
+    await conv.send(
+        [TextPart("What is this?"), image, ImagePart("image/jpeg", url="https://x/y.jpg")]
+    )
+    await conv.wait_idle()
+    sent = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+        {"type": "image_url", "image_url": {"url": "https://x/y.jpg"}},
+    ]
+    assert fake.requests[0]["messages"][-1] == {"role": "user", "content": sent}
+    await turn_events(conv, "fail")  # the next turn rebuilds the context from working memory
+    await turn_events(conv, "and now?")
+    assert fake.requests[2]["messages"][1] == {"role": "user", "content": sent}
+    assert [m["content"] for m in fake.requests[2]["messages"][2:]] == ["A cat.", "and now?"]
+    too_big = base64.b64encode(b"\0" * (MAX_IMAGE_BYTES + 3)).decode()
+    with pytest.raises(InvalidInput, match="an image may be at most 4 MB"):
+        await conv.send([ImagePart("image/png", data=too_big)])
+    await agent.close()
+    await agent.llm.aclose()
+
+    agent, conv = await chat(make_backend(fake.base_url))  # OPENAI_IMAGE_INPUT unset
+    with pytest.raises(InvalidInput, match="does not accept image input"):
+        await conv.send([TextPart("What is this?"), image])
+    assert await conv.get_messages() == []
+    await agent.close()
+    await agent.llm.aclose()

@@ -143,8 +143,12 @@ async def test_dangling_turns_and_token_stats(store):
         ("a", "u3"),
     ]
     stats = await store.token_stats()
-    assert (stats.turns, stats.input, stats.output) == (1, 10, 4)
+    assert (stats.turns, stats.input, stats.output, stats.uncounted) == (1, 10, 4, 0)
     assert (await store.token_stats("b")).turns == 0
+    unknown = {"input": None, "output": None}
+    await store.append("a", [msg("r3", "assistant", cid="a", tokens=unknown)], turn_id="u3")
+    stats = await store.token_stats()
+    assert (stats.turns, stats.input, stats.output, stats.uncounted) == (2, 10, 4, 1)
 
 
 async def test_concurrent_writers_never_see_database_is_locked(store):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from agentik.core.plugins import Plugins
     from agentik.core.settings import Settings
+    from agentik.core.store import TokenStats
 
 log = logging.getLogger("agentik")
 DETAILS_TIMEOUT = 60.0
@@ -212,8 +213,7 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
         *(f"  {line}" for line in lines),
         f"  tools: {len(agent.tools)}"
         + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
-        f"  tokens: {convs} convs, {stats.turns} turns, in={stats.input}, out={stats.output}, "
-        f"total={stats.input + stats.output}",
+        f"  tokens: {convs} convs, {stats.turns} turns, {token_counts(stats)}",
     ]
 
 
@@ -239,6 +239,16 @@ def unannounced_routes(app: web.Application, announced: list[str]) -> list[str]:
 
     walk(app.router)
     return out
+
+
+def token_counts(stats: TokenStats) -> str:
+    """``in=…, out=…, total=…``: ``?`` when no turn was counted, never an unknown as 0."""
+    if stats.turns and stats.uncounted == stats.turns:
+        return "in=?, out=?, total=? (the model server gave no counts)"
+    counts = f"in={stats.input}, out={stats.output}, total={stats.input + stats.output}"
+    if stats.uncounted:
+        counts += f" (+ {stats.uncounted} of {stats.turns} turns not counted)"
+    return counts
 
 
 def plugins_command(as_json: bool) -> int:

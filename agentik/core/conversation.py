@@ -34,8 +34,10 @@ from agentik.core.llm import (
     Usage,
     UserInput,
 )
+from agentik.core.llm import Truncated as TruncatedReply
 from agentik.core.store import Store, TokenStats, utcnow
 from agentik.core.types import (
+    MAX_IMAGE_BYTES,
     AppendText,
     Compacted,
     ContentPart,
@@ -53,6 +55,7 @@ from agentik.core.types import (
     TokenUsage,
     ToolCall,
     ToolResult,
+    Truncated,
     content_from_json,
     content_text,
     content_to_json,
@@ -64,6 +67,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
+#: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
+INTERRUPTED_MARK = "[interrupted by the user]"
 PromptSection = tuple[int, str, Callable[[], str | None]]
 
 
@@ -71,14 +76,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def error_record(conversation_id: str, user_id: str, message: str, code: str | None) -> Message:
-    return Message(
-        new_id("err"),
-        conversation_id,
-        "error",
-        utcnow(),
-        {"message": message, "code": code, "userMessageId": user_id},
-    )
+def error_record(
+    conversation_id: str, user_id: str, message: str, code: str | None, partial_text: str = ""
+) -> Message:
+    payload: dict[str, Any] = {"message": message, "code": code, "userMessageId": user_id}
+    if partial_text:  # what the user saw of the reply before it failed
+        payload["partialText"] = partial_text
+    return Message(new_id("err"), conversation_id, "error", utcnow(), payload)
 
 
 async def unwrap_events(items: AsyncGenerator[StreamItem, None]) -> AsyncGenerator[Event, None]:
@@ -96,7 +100,10 @@ class ConversationClosed(Exception):
 class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
-    __slots__ = ("ended", "llm_text", "memory", "open_calls", "steps", "text", "user")
+    __slots__ = (
+        "called_tools", "ended", "estimated", "llm_text", "memory", "open_calls", "step_start",
+        "steps", "text", "truncated", "user",
+    )  # fmt: skip
 
     def __init__(self, user: Message) -> None:
         self.user = user
@@ -108,6 +115,10 @@ class _Turn:
         self.memory: list[HistoryItem] = []
         self.text: list[str] = []
         self.open_calls: dict[str, tuple[str, str]] = {}  # call id -> (tool name, record id)
+        self.step_start = 0  # index in text of the step whose text is not in working memory
+        self.called_tools = False
+        self.truncated = False  # the last step's reply stopped at the output-token cap
+        self.estimated = False  # a step's token counts were estimated by the backend
 
 
 class ChatConversation:
@@ -182,8 +193,14 @@ class ChatConversation:
             raise ConversationClosed(f"conversation {self.id} is closed")
         if not content:
             raise InvalidInput("content must not be empty")
-        if any(isinstance(p, ImagePart) for p in content) and not self.supports_image_input:
+        images = [p for p in content if isinstance(p, ImagePart)]
+        if images and not self.supports_image_input:
             raise InvalidInput("this agent's model does not accept image input")
+        caps = self.agent.llm.capabilities or {}
+        if any(p.url is not None for p in images) and not caps.get("image_url_input", True):
+            raise InvalidInput("this agent's model takes images as data, not as a url")
+        if any(p.data is not None and len(p.data) * 3 // 4 > MAX_IMAGE_BYTES for p in images):
+            raise InvalidInput(f"an image may be at most {MAX_IMAGE_BYTES // 2**20} MB")
         payload: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             payload["context"] = context.to_json()
@@ -367,6 +384,18 @@ class ChatConversation:
         prefix = MessageContext.from_json(ctx).llm_prefix() if ctx else ""
         return prefix + content_text(content_from_json(user.payload["content"]))
 
+    @staticmethod
+    def _images(user: Message) -> tuple[ImagePart, ...]:
+        """The user message's image parts (send let them in only for a model that takes them)."""
+        raw = user.payload["content"]
+        if all(p.get("type") == "text" for p in raw):  # the usual case: no parsing
+            return ()
+        return tuple(p for p in content_from_json(raw) if isinstance(p, ImagePart))
+
+    @staticmethod
+    def _images_extra(images: tuple[ImagePart, ...]) -> dict[str, Any]:
+        return {"images": [p.to_json() for p in images]} if images else {}
+
     async def _run_turn(self, user: Message) -> None:
         turn = _Turn(user)
         self.agent.publish("TurnStarted", self.id)
@@ -399,9 +428,10 @@ class ChatConversation:
         if self._llm_stale:  # compacted between turns: rebuild from the compacted memory
             await self._reset_llm()
         await self._live_llm()
-        turn.memory.append(HistoryItem("user", text))
+        images = self._images(turn.user)
+        turn.memory.append(HistoryItem("user", text, extra=self._images_extra(images)))
         extra = await self.agent.before_turn(self, text)
-        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text)]
+        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text, images)]
         first_input: int | None = None
         last_total: int | None = None
         usage_known = True
@@ -427,6 +457,9 @@ class ChatConversation:
                     calls.append(chunk)
                 elif isinstance(chunk, Usage):
                     step_usage = chunk
+                    turn.estimated |= chunk.estimated
+                elif isinstance(chunk, TruncatedReply):
+                    turn.truncated = True
             if step_usage is None or step_usage.input_tokens is None:
                 usage_known = False
             elif usage_known:
@@ -443,6 +476,7 @@ class ChatConversation:
             (last_total - first_input)
             if usage_known and last_total is not None and first_input is not None
             else None,
+            usage_known and turn.estimated,
         )
         await self._finish(turn, step_text, tokens)
 
@@ -564,6 +598,8 @@ class ChatConversation:
         return await self._store.token_stats(self.id)
 
     async def _run_tools(self, turn: _Turn, calls: list[ToolCallRequest]) -> list[LLMInput]:
+        turn.step_start = len(turn.text)  # the step's text is in working memory now
+        turn.called_tools, turn.truncated = True, False  # the turn goes on
         results: list[LLMInput] = []
         for call in calls:
             record_id = new_id("tc")
@@ -625,12 +661,16 @@ class ChatConversation:
         payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
         if interrupted:
             payload["interrupted"] = True
+        elif turn.truncated:
+            payload["truncated"] = True
         memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
         await self._write(
             [Message(new_id("as"), self.id, "assistant", utcnow(), payload)], memory, turn
         )
         if interrupted:
             self._emit(Interrupted())
+        elif turn.truncated:
+            self._emit(Truncated())
         self._end(turn)
         if not interrupted:
             self.agent.after_turn(self, turn.llm_text, payload["text"])
@@ -643,14 +683,20 @@ class ChatConversation:
         await self._reset_llm()
         for call_id in list(turn.open_calls):
             await self._record_result(turn, call_id, "Error: interrupted", True)
-        await self._finish(turn, [], TokenUsage(None, None), interrupted=True)
+        # the model gets what it had said, marked, so its context never holds user, user
+        partial = "".join(turn.text[turn.step_start :])
+        said = [f"{partial}\n\n{INTERRUPTED_MARK}" if partial else INTERRUPTED_MARK]
+        if not partial and (turn.called_tools or not turn.memory):
+            said = []  # it ends with tool results, or the user's text never reached memory
+        await self._finish(turn, said, TokenUsage(None, None), interrupted=True)
 
     async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
         """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
         self._finishing = True
         await self._reset_llm()
+        partial = "".join(turn.text)  # kept in the audit log only (F2: memory stays clean)
         await self._store.fail_turn(
-            self.id, turn.user.id, error_record(self.id, turn.user.id, message, code)
+            self.id, turn.user.id, error_record(self.id, turn.user.id, message, code, partial)
         )
         self._emit(Error(message, code))
         self._end(turn)

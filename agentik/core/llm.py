@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from agentik.core.tools import ToolSpec
+from agentik.core.types import ImagePart, content_from_json
 
 #: ``LLMError.code`` of a request the endpoint refused because the context is too long; the
 #: turn engine answers it with one compaction and one retry of the step (when compaction is on)
@@ -38,7 +39,10 @@ class LLMError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class UserInput:
+    """The user's text; ``images`` only for a backend whose ``capabilities["image_input"]``."""
+
     text: str
+    images: tuple[ImagePart, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +79,21 @@ class ToolCallRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts of one step, when the backend knows them."""
+    """Token counts of one step, when the backend knows them; ``estimated`` when the backend
+    guessed them (e.g. from the characters sent and received) because the endpoint sent none."""
 
     input_tokens: int | None
     output_tokens: int | None
+    estimated: bool = False
 
 
-LLMChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallRequest | Usage
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    """The reply stopped at the output-token cap or the end of the context (OpenAI's
+    ``finish_reason: "length"``), not where the model meant to stop."""
+
+
+LLMChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallRequest | Usage | Truncated
 
 
 # --- working memory, as handed to a backend when it builds a conversation -----------------
@@ -89,7 +101,9 @@ LLMChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallRequest | Usage
 
 @dataclass(frozen=True, slots=True)
 class HistoryItem:
-    """One working-memory entry: ``role`` is user|assistant|tool_call|tool_result|summary."""
+    """One working-memory entry: ``role`` is user|assistant|tool_call|tool_result|summary.
+
+    A user entry's ``extra["images"]`` holds its image parts as JSON (:func:`history_images`)."""
 
     role: str
     text: str = ""
@@ -97,6 +111,12 @@ class HistoryItem:
     tool_name: str | None = None
     args_json: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def history_images(item: HistoryItem) -> tuple[ImagePart, ...]:
+    """The image parts a user's working-memory entry carries."""
+    raw = item.extra.get("images")
+    return tuple(p for p in content_from_json(raw) if isinstance(p, ImagePart)) if raw else ()
 
 
 #: how backends without a summary role give the model a ``summary`` history item (compaction)

@@ -65,6 +65,8 @@ class TokenStats:
     turns: int
     input: int
     output: int
+    #: turns whose backend could not count (not in input and output)
+    uncounted: int = 0
     #: of one conversation: the last turn's context size (its input plus its growth), if known
     context: int | None = None
 
@@ -529,22 +531,24 @@ class SqliteStore(Store):
         def q() -> TokenStats:
             sql = (
                 "SELECT count(*), coalesce(sum(json_extract(payload_json, '$.tokens.input')), 0),"
-                " coalesce(sum(json_extract(payload_json, '$.tokens.output')), 0) "
+                " coalesce(sum(json_extract(payload_json, '$.tokens.output')), 0),"
+                " count(*) - count(json_extract(payload_json, '$.tokens.input')) "
                 "FROM message WHERE kind = 'assistant'"
             )
             params: tuple[Any, ...] = ()
             if conversation_id is not None:
                 sql += " AND conversation_id = ?"
                 params = (conversation_id,)
-            turns, tin, tout = self.db.execute(sql, params).fetchone()
+            turns, tin, tout, uncounted = self.db.execute(sql, params).fetchone()
             if conversation_id is None:
-                return TokenStats(turns, tin, tout)
+                return TokenStats(turns, tin, tout, uncounted)
             last = self.db.execute(
                 "SELECT payload_json FROM message WHERE conversation_id = ? "
                 "AND kind = 'assistant' ORDER BY seq DESC LIMIT 1",
                 (conversation_id,),
             ).fetchone()
-            return TokenStats(turns, tin, tout, _context(json.loads(last[0])) if last else None)
+            context = _context(json.loads(last[0])) if last else None
+            return TokenStats(turns, tin, tout, uncounted, context)
 
         return await self.db.read(q)
 
@@ -687,7 +691,7 @@ class MemoryStore(Store):
         return []
 
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
-        turns = tin = tout = 0
+        turns = tin = tout = uncounted = 0
         context = None
         for cid, msgs in self._messages.items():
             if conversation_id is not None and cid != conversation_id:
@@ -698,8 +702,11 @@ class MemoryStore(Store):
                     tokens = m.payload.get("tokens") or {}
                     tin += tokens.get("input") or 0
                     tout += tokens.get("output") or 0
+                    uncounted += tokens.get("input") is None
                     context = _context(m.payload)
-        return TokenStats(turns, tin, tout, context if conversation_id is not None else None)
+        if conversation_id is None:
+            context = None
+        return TokenStats(turns, tin, tout, uncounted, context)
 
     async def read_state(self, key: str) -> str | None:
         return self._state.get(key)

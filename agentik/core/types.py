@@ -55,6 +55,8 @@ class ImagePart:
 
 
 ContentPart: TypeAlias = TextPart | ImagePart
+#: the largest image part accepted (decoded bytes), for backends that take images
+MAX_IMAGE_BYTES = 4 * 1024 * 1024
 
 
 def _require_str(obj: JSON, key: str, where: str, *, optional: bool = False) -> str | None:
@@ -251,6 +253,13 @@ class Interrupted(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class Truncated(Event):
+    """The reply stopped at the output-token cap or the end of the model's context."""
+
+    type: ClassVar[str] = "Truncated"
+
+
+@dataclass(frozen=True, slots=True)
 class Error(Event):
     message: str = ""
     code: str | None = None
@@ -315,9 +324,13 @@ MessageKind: TypeAlias = Literal[
 class TokenUsage:
     input: int | None
     output: int | None
+    estimated: bool = False  # guessed (characters / 4): the endpoint sent no counts
 
     def to_json(self) -> JSON:
-        return {"input": self.input, "output": self.output}
+        out: JSON = {"input": self.input, "output": self.output}
+        if self.estimated:
+            out["estimated"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +340,9 @@ class Message:
     Kinds and payload fields: ``user`` {content, context?}; ``assistant`` {text, tokens};
     ``tool_call`` {callId, toolName, argsJson}; ``tool_result`` {toolCallId, callId, toolName,
     text, isError}; ``error`` {message, code, userMessageId}; ``summary`` {text}.
-    ``assistant`` also has ``interrupted: true`` when the turn was interrupted.
+    ``assistant`` also has ``interrupted: true`` when the turn was interrupted and
+    ``truncated: true`` when its reply stopped at the output-token cap; ``error`` has
+    ``partialText`` when the failed turn had streamed text before it failed.
     """
 
     id: str

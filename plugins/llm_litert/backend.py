@@ -52,9 +52,11 @@ from agentik.core.llm import (
     ToolResultInput,
     Usage,
     UserInput,
+    history_images,
 )
 from agentik.core.settings import SettingsError
 from agentik.core.tools import ToolSpec
+from agentik.core.types import ImagePart
 
 log = logging.getLogger(__name__)
 # the native library logs every load step at INFO on stderr; its errors still show
@@ -149,7 +151,9 @@ def history_messages(history: Sequence[HistoryItem]) -> list[dict[str, Any]]:
     """Working memory as LiteRT-LM messages (the system prompt goes separately)."""
     messages: list[dict[str, Any]] = []
     for item in history:
-        if item.role in ("user", "assistant"):
+        if item.role == "user":
+            messages.append(user_message(item.text, history_images(item)))
+        elif item.role == "assistant":
             messages.append({"role": item.role, "content": item.text})
         elif item.role == "summary":
             messages.append({"role": "user", "content": SUMMARY_PREFIX + item.text})
@@ -187,10 +191,21 @@ def input_message(inputs: Sequence[LLMInput]) -> dict[str, Any]:
             {"type": "tool_response", "name": r.tool_name, "response": r.text} for r in results
         ]
         return {"role": "tool", "content": content}
-    texts = [i.text for i in inputs if isinstance(i, UserInput)]
-    if len(texts) != len(inputs):
+    users = [i for i in inputs if isinstance(i, UserInput)]
+    if len(users) != len(inputs):
         raise TypeError(f"unsupported LLM inputs {[type(i).__name__ for i in inputs]}")
-    return {"role": "user", "content": "\n\n".join(texts)}
+    images = [image for i in users for image in i.images]
+    return user_message("\n\n".join(i.text for i in users), images)
+
+
+def user_message(text: str, images: Sequence[ImagePart] = ()) -> dict[str, Any]:
+    """A user message; with images (a vision model), image parts with their bytes first."""
+    if not images:
+        return {"role": "user", "content": text}
+    if any(image.data is None for image in images):  # send() refuses these (image_url_input)
+        raise LLMError("a LiteRT-LM model takes images as data, not as a URL", "bad_request")
+    parts: list[dict[str, Any]] = [{"type": "image", "blob": image.data} for image in images]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
 
 
 def message_chunks(message: Any) -> list[LLMChunk]:
@@ -393,7 +408,7 @@ class LiteRtBackend(LLMBackend):
         self.model = model
         self.cache_dir = cache_dir
         self.threads = threads
-        self.capabilities = dict(model.capabilities)
+        self.capabilities = dict(model.capabilities, image_url_input=False)  # data only
         limit = model.context_tokens
         if context_window is not None and limit is not None and not model.dynamic_context:
             context_window = min(context_window, limit)  # a fixed context cannot grow
@@ -423,6 +438,8 @@ class LiteRtBackend(LLMBackend):
             kwargs["cache_dir"] = str(self.cache_dir)
         if self.context_window is not None and self.context_window != self.model.context_tokens:
             kwargs["max_num_tokens"] = self.context_window
+        if self.model.capabilities.get("image_input"):  # a vision model: its image encoder
+            kwargs["vision_backend"] = litert_lm.Backend.CPU(thread_count=self.threads)
         return litert_lm.Engine(
             str(self.model.path),
             backend=litert_lm.Backend.CPU(thread_count=self.threads),

@@ -29,6 +29,24 @@ SETTINGS = (
         cfg.parse_positive_int,
         "Context window in tokens; turns on context compaction (coming with F10).",
     ),
+    Setting(
+        "OPENAI_MAX_TOKENS",
+        None,
+        cfg.parse_positive_int,
+        "Output-token cap of one reply (`max_tokens`); unset: the server's own.",
+    ),
+    Setting(
+        "OPENAI_IMAGE_INPUT",
+        False,
+        cfg.parse_bool,
+        "true: the model takes images (sent as `image_url` data URLs); else images get a 400.",
+    ),
+    Setting(
+        "OPENAI_TOOL_STREAMING",
+        True,
+        cfg.parse_bool,
+        "false: replies that may call tools are not streamed (servers that cannot stream tools).",
+    ),
     Setting("OPENAI_TIMEOUT", 60.0, cfg.parse_positive_float, "Seconds to wait for the endpoint."),
     Setting("OPENAI_MAX_RETRIES", 2, cfg.parse_non_negative_int, "Retries on 429, 5xx, no reply."),
 )
@@ -51,6 +69,9 @@ def make_backend(settings: Settings) -> Any:
         timeout=settings["OPENAI_TIMEOUT"],
         max_retries=settings["OPENAI_MAX_RETRIES"],
         context_window=settings["OPENAI_CONTEXT_WINDOW"],
+        max_tokens=settings["OPENAI_MAX_TOKENS"],
+        tool_streaming=settings["OPENAI_TOOL_STREAMING"],
+        image_input=settings["OPENAI_IMAGE_INPUT"],
     )
 
 

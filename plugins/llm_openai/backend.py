@@ -31,16 +31,29 @@ from agentik.core.llm import (
     TextDelta,
     ToolCallRequest,
     ToolResultInput,
+    Truncated,
     Usage,
     UserInput,
+    history_images,
 )
 from agentik.core.tools import ToolSpec
-from agentik_llm_openai.client import OpenAIClient
+from agentik.core.types import ImagePart
+from agentik_llm_openai.client import STREAM_CUT, OpenAIClient, context_length_error
 
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 NO_RESULT = "Error: no result was recorded for this tool call."
+TOOLS_NOT_STREAMED_ADVICE = (
+    "if it cannot stream replies when tools are offered (llama-cpp-python cannot), "
+    "set OPENAI_TOOL_STREAMING=false"
+)
+# llama-cpp-python answers a streamed request 200 at once, then ends the stream without a word
+# on any refusal (a context too long, tools it cannot stream): the reason is only in its log
+NO_REPLY = "the model server ended the stream without a reply (its log says why)"
+ENDED_EARLY = "the model server ended the reply early"
+TOOLS_NOT_STREAMED = f"{NO_REPLY}; {TOOLS_NOT_STREAMED_ADVICE}"
+CHARS_PER_TOKEN = 4  # the usual rough estimate, when the endpoint does not count
 
 
 class OpenAIBackend(LLMBackend):
@@ -55,12 +68,25 @@ class OpenAIBackend(LLMBackend):
         timeout: float = 60.0,
         max_retries: int = 2,
         context_window: int | None = None,
+        max_tokens: int | None = None,
+        tool_streaming: bool = True,
+        image_input: bool = False,
     ) -> None:
         self.base_url, self.api_key, self.model = base_url, api_key, model
         self.timeout, self.max_retries = timeout, max_retries
         self.context_window = context_window
+        self.max_tokens = max_tokens  # the output-token cap of one step (None: the server's)
+        self.tool_streaming = tool_streaming  # False: steps that offer tools are not streamed
+        # the API cannot say whether the model takes images: a setting does
+        self.capabilities = {"image_input": True} if image_input else None
         self.description = f"openai {model} @ {base_url}"
-        self.client = OpenAIClient(base_url, api_key, timeout=timeout, max_retries=max_retries)
+        self.client = OpenAIClient(
+            base_url,
+            api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            context_window=context_window,
+        )
 
     async def start(self) -> None:
         await self.client.start()
@@ -77,7 +103,10 @@ class OpenAIBackend(LLMBackend):
         messages: list[Message] = [{"role": "user", "content": prompt}]
         if system_prompt:
             messages.insert(0, {"role": "system", "content": system_prompt})
-        response = await self.client.complete({"model": self.model, "messages": messages})
+        request: dict[str, Any] = {"model": self.model, "messages": messages}
+        if self.max_tokens is not None:
+            request["max_tokens"] = self.max_tokens
+        response = await self.client.complete(request)
         try:
             choices = response["choices"]
             if not choices:
@@ -89,14 +118,21 @@ class OpenAIBackend(LLMBackend):
             raise self.error(e) from e
 
     def error(self, e: Exception) -> LLMError:
-        """Map an error in reading a reply (the client maps HTTP ones) to an :class:`LLMError`."""
+        """Map an error in reading a reply (the client maps HTTP ones) to an :class:`LLMError`:
+        one sentence for the user, the details in the log."""
         if isinstance(e, ValueError | TypeError | AttributeError | KeyError | IndexError):
             # json.JSONDecodeError, or a chunk of the wrong shape
-            return LLMError(
-                f"{self.base_url} sent a malformed reply: {type(e).__name__}: {e}", "bad_response"
-            )
-        log.warning("unexpected error from the model endpoint", exc_info=e)
-        return LLMError(f"the model call failed: {type(e).__name__}: {e}", "llm_error")
+            log.warning("unreadable reply from %s: %s: %s", self.base_url, type(e).__name__, e)
+            return LLMError("the model server sent a reply that could not be read", "bad_response")
+        log.warning("unexpected error from the model endpoint %s", self.base_url, exc_info=e)
+        return LLMError("the model call failed unexpectedly", "llm_error")
+
+    def stream_error(self, message: str) -> LLMError:
+        """An error the server reported inside a stream that had started."""
+        log.warning("the model server %s reported an error mid-reply: %s", self.base_url, message)
+        return context_length_error(message, self.context_window) or LLMError(
+            f"the model server reported an error: {message}", "upstream_error"
+        )
 
 
 class OpenAIConversation(LLMConversation):
@@ -107,6 +143,7 @@ class OpenAIConversation(LLMConversation):
     ) -> None:
         self.backend = backend
         self.messages = messages
+        self._tools_chars: int | None = None  # for usage estimates; counted when first needed
         self.tools = [
             {
                 "type": "function",
@@ -120,61 +157,83 @@ class OpenAIConversation(LLMConversation):
         ]
 
     async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        backend = self.backend
         new = [input_message(i) for i in inputs]
-        request: dict[str, Any] = {
-            "model": self.backend.model,
-            "messages": self.messages + new,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if self.tools:
-            request["tools"] = self.tools
+        request: dict[str, Any] = {"model": backend.model, "messages": self.messages + new}
+        if backend.max_tokens is not None:
+            request["max_tokens"] = backend.max_tokens
+        if self.tools:  # "auto" is OpenAI's default; llama-cpp-python renders no tools without
+            request["tools"], request["tool_choice"] = self.tools, "auto"
+        whole = self.tools and not backend.tool_streaming  # servers that cannot stream tools
+        if not whole:
+            request["stream"] = True
+            request["stream_options"] = {"include_usage": True}
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage: Usage | None = None
-        finished = False
+        finish: str | None = None
         held = ""  # a high surrogate whose pair comes in the next chunk
+        reasoning_chars = 0  # for a usage estimate
         try:
-            async with aclosing(self.backend.client.stream(request)) as lines:
-                async for data in lines:
-                    if data == b"[DONE]":
-                        finished = True
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise LLMError(
-                            f"the model stream failed: {_error_text(chunk)}", "upstream_error"
-                        )
-                    for choice in chunk.get("choices") or ():
-                        delta = choice.get("delta") or {}
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                        if reasoning:
-                            yield ReasoningDelta(reasoning)
-                        content = delta.get("content")
-                        if content:
-                            content, held = _whole_characters(held + content)
-                        if content:
-                            text.append(content)
-                            yield TextDelta(content)
-                        for fragment in delta.get("tool_calls") or ():
-                            _add_fragment(calls, fragment)
-                        if choice.get("finish_reason"):
-                            finished = True
-                    if chunk.get("usage"):
-                        u = chunk["usage"]
-                        usage = Usage(u.get("prompt_tokens"), u.get("completion_tokens"))
-            if not finished:
-                raise LLMError(
-                    f"the reply from {self.backend.base_url} ended early", "bad_response"
-                )
+            if whole:
+                response = await backend.client.complete(request)
+                choice = response["choices"][0]
+                message = choice["message"]
+                reasoning = message.get("reasoning_content") or message.get("reasoning")
+                if reasoning:
+                    reasoning_chars += len(reasoning)
+                    yield ReasoningDelta(reasoning)
+                content = message.get("content")
+                if content and (content := _whole_characters(content)[0]):
+                    text.append(content)
+                    yield TextDelta(content)
+                for i, call in enumerate(message.get("tool_calls") or ()):
+                    _add_fragment(calls, {"index": i, **call})
+                finish = choice.get("finish_reason") or "stop"
+                usage = _usage(response.get("usage"))
+            else:
+                async with aclosing(backend.client.stream(request)) as lines:
+                    async for data in lines:
+                        if data == b"[DONE]":
+                            finish = finish or "stop"
+                            break
+                        chunk = json.loads(data)
+                        if "error" in chunk:
+                            raise backend.stream_error(_error_text(chunk))
+                        for choice in chunk.get("choices") or ():
+                            delta = choice.get("delta") or {}
+                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                            if reasoning:
+                                reasoning_chars += len(reasoning)
+                                yield ReasoningDelta(reasoning)
+                            content = delta.get("content")
+                            if content:
+                                content, held = _whole_characters(held + content)
+                            if content:
+                                text.append(content)
+                                yield TextDelta(content)
+                            for fragment in delta.get("tool_calls") or ():
+                                _add_fragment(calls, fragment)
+                            if choice.get("finish_reason"):
+                                finish = choice["finish_reason"]
+                        if chunk.get("usage"):
+                            usage = _usage(chunk["usage"])
+            if finish is None:
+                raise LLMError(ENDED_EARLY, "bad_response")
             requests = [_call_request(calls[i]) for i in sorted(calls)]
-        except LLMError:
+        except LLMError as e:
+            if not whole and not text and not calls:
+                if e.message in (STREAM_CUT, ENDED_EARLY):  # a 200, then no reply: a refusal
+                    refused = TOOLS_NOT_STREAMED if self.tools else NO_REPLY
+                    raise LLMError(refused, e.code) from e
+                if self.tools and "stream" in e.message and "tool" in e.message:
+                    raise LLMError(f"{e.message}; {TOOLS_NOT_STREAMED_ADVICE}", e.code) from e
             raise
         except Exception as e:
-            raise self.backend.error(e) from e
-        reply: Message = {"role": "assistant", "content": "".join(text) or None}
+            raise backend.error(e) from e
+        reply_message: Message = {"role": "assistant", "content": "".join(text)}
         if requests:
-            reply["tool_calls"] = [
+            reply_message["tool_calls"] = [
                 {
                     "id": r.call_id,
                     "type": "function",
@@ -182,23 +241,56 @@ class OpenAIConversation(LLMConversation):
                 }
                 for r in requests
             ]
-        elif reply["content"] is None:
-            reply["content"] = ""
-        self.messages += [*new, reply]
+        self.messages += [*new, reply_message]
         for r in requests:
             yield r
-        if usage is not None:
-            yield usage
+        if finish == "length":
+            yield Truncated()
+        yield usage or self._estimate(request["messages"], reply_message, reasoning_chars)
+
+    def _estimate(self, sent: list[Message], reply: Message, reasoning_chars: int) -> Usage:
+        """Usage when the endpoint sent none: characters / 4 of the messages and tools sent and
+        of the reply received (docs/llm_servers.md)."""
+        if self._tools_chars is None:
+            self._tools_chars = len(json.dumps(self.tools, ensure_ascii=False)) if self.tools else 0
+        sent_chars = self._tools_chars + sum(map(_message_chars, sent))
+        return Usage(
+            max(1, sent_chars // CHARS_PER_TOKEN),
+            max(1, (_message_chars(reply) + reasoning_chars) // CHARS_PER_TOKEN),
+            estimated=True,
+        )
+
+
+def _message_chars(message: Message) -> int:
+    """Characters of a message's text (images are not counted)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        n = len(content)
+    else:  # parts: text and images
+        n = sum(len(p.get("text", "")) for p in content or ())
+    for call in message.get("tool_calls") or ():
+        n += len(call["function"]["name"]) + len(call["function"]["arguments"])
+    return n
+
+
+def _usage(raw: Any) -> Usage | None:
+    if not raw:
+        return None
+    return Usage(raw.get("prompt_tokens"), raw.get("completion_tokens"))
 
 
 def _add_fragment(calls: dict[int, dict[str, Any]], fragment: dict[str, Any]) -> None:
-    """Accumulate one streamed tool-call fragment: id and name come first, arguments in parts."""
+    """Accumulate one streamed tool-call fragment: id and name come first, arguments in parts.
+
+    A name (or id) equal to the one already held is the same one repeated, as llama-cpp-python
+    sends it in every fragment, not a part to append."""
     call = calls.setdefault(fragment.get("index", len(calls)), {"id": None, "name": "", "args": []})
     if fragment.get("id"):
         call["id"] = fragment["id"]
     function = fragment.get("function") or {}
-    if function.get("name"):
-        call["name"] += function["name"]
+    name = function.get("name")
+    if name and name != call["name"]:
+        call["name"] += name
     if function.get("arguments"):
         call["args"].append(function["arguments"])
 
@@ -228,9 +320,21 @@ def _error_text(chunk: dict[str, Any]) -> str:
     return str(error.get("message") or error) if isinstance(error, dict) else str(error)
 
 
+def user_message(text: str, images: Sequence[ImagePart] = ()) -> Message:
+    """A user message; with images, content parts whose images are ``image_url``s (inline
+    ones as ``data:`` URLs)."""
+    if not images:
+        return {"role": "user", "content": text}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for image in images:
+        url = image.url or f"data:{image.mime_type};base64,{image.data}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": "user", "content": parts}
+
+
 def input_message(item: LLMInput) -> Message:
     if isinstance(item, UserInput):
-        return {"role": "user", "content": item.text}
+        return user_message(item.text, item.images)
     if isinstance(item, ToolResultInput):
         return {"role": "tool", "tool_call_id": item.call_id, "content": item.text}
     raise TypeError(f"unsupported LLM input {type(item).__name__}")
@@ -274,13 +378,15 @@ def history_messages(system_prompt: str, history: Sequence[HistoryItem]) -> list
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
                 settle()
-                last = {"role": "assistant", "content": None}
+                last = {"role": "assistant", "content": ""}  # not null: llama-cpp-python 500s
                 messages.append(last)
             last.setdefault("tool_calls", []).append(call)
             pending.append(call_id)
             continue
         settle()
-        if item.role in ("user", "assistant"):
+        if item.role == "user":
+            messages.append(user_message(item.text, history_images(item)))
+        elif item.role == "assistant":
             messages.append({"role": item.role, "content": item.text})
         elif item.role == "summary":
             messages.append({"role": "user", "content": SUMMARY_PREFIX + item.text})

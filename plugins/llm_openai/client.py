@@ -3,7 +3,8 @@
 It POSTs a request body serialised once with ``json.dumps``, retries like the ``openai`` SDK
 (connection errors, timeouts, 408, 409, 429 and 5xx; exponential back-off or ``Retry-After``)
 but only before the reply's body is read, splits a streamed body into SSE ``data:`` payloads,
-and maps every failure to an :class:`LLMError`.
+and maps every failure to an :class:`LLMError` whose message is one sentence for the user (what
+happened, and the server's own message where it gave one); the details go to the log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,12 +22,42 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
-from agentik.core.llm import LLMError
+from agentik.core.llm import CONTEXT_LENGTH, LLMError
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 BACKOFF_START, BACKOFF_MAX, RETRY_AFTER_MAX = 0.5, 8.0, 60.0
+STREAM_CUT = "the model server closed the stream in the middle of the reply"
+SERVER_MESSAGE_MAX = 2000  # characters of the server's error message given to the user
+#: how servers say the context is full: OpenAI, vLLM and llama-cpp-python ("maximum context
+#: length", code context_length_exceeded), llama.cpp ("exceeds the available context size"),
+#: LiteLLM (ContextWindowExceededError), others ("context window", "context length")
+CONTEXT_FULL = re.compile(
+    r"context_?length_?exceeded|contextwindowexceeded|exceed_context_size"
+    r"|maximum context length|context (?:window|size|length)",
+    re.IGNORECASE,
+)
+
+
+def context_length_error(
+    message: str, context_window: int | None, body: str = ""
+) -> LLMError | None:
+    """The :data:`CONTEXT_LENGTH` error (saying what to set) when the server's message, or the
+    error body it came in (its ``code``), says the context is full; else None."""
+    if not CONTEXT_FULL.search(body or message):
+        return None
+    if len(message) > SERVER_MESSAGE_MAX:
+        message = message[:SERVER_MESSAGE_MAX] + "…"
+    if context_window is None:
+        advice = "set OPENAI_CONTEXT_WINDOW to the server's context size to turn on compaction"
+    else:
+        advice = f"lower OPENAI_CONTEXT_WINDOW (now {context_window}) so compaction starts earlier"
+    return LLMError(
+        f"the conversation no longer fits the model's context ({message}); {advice}, "
+        "or start a new conversation",
+        CONTEXT_LENGTH,
+    )
 
 
 def retry_delay(retry: int, retry_after: str | None) -> float:
@@ -49,8 +81,17 @@ def retryable(status: int) -> bool:
 class OpenAIClient:
     """One ``aiohttp.ClientSession`` (a pool of keep-alive connections) for one endpoint."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float, max_retries: int) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float,
+        max_retries: int,
+        context_window: int | None = None,
+    ) -> None:
         self.base_url, self.api_key = base_url, api_key
+        self.context_window = context_window  # named in the advice of a context-length error
         self.url = f"{base_url}/chat/completions"
         self.timeout, self.max_retries = timeout, max_retries
         self._session: aiohttp.ClientSession | None = None
@@ -111,7 +152,7 @@ class OpenAIClient:
             except TimeoutError as e:  # aiohttp's timeouts subclass it
                 error, cause, again = self.timed_out(), e, True
             except aiohttp.ClientError as e:
-                message = f"could not reach the model at {self.base_url}: {e}"
+                message = f"could not connect to the model server at {self.base_url}"
                 error, cause, again = LLMError(message, "connection"), e, True
             else:
                 if resp.status < 300:
@@ -121,9 +162,18 @@ class OpenAIClient:
                 cause, again = None, retryable(resp.status)
                 retry_after = resp.headers.get("Retry-After")
             if not again or retry >= self.max_retries:
+                if cause is not None:
+                    log.warning("%s: %s: %s", error, type(cause).__name__, cause)
                 raise error from cause
             delay = retry_delay(retry, retry_after)
-            log.info("%s; retry %d of %d in %.2f s", error, retry + 1, self.max_retries, delay)
+            log.info(
+                "%s (%s); retry %d of %d in %.2f s",
+                error,
+                cause,
+                retry + 1,
+                self.max_retries,
+                delay,
+            )
             await asyncio.sleep(delay)
             retry += 1
         try:
@@ -132,9 +182,8 @@ class OpenAIClient:
         except TimeoutError as e:
             raise self.timed_out() from e
         except aiohttp.ClientError as e:
-            raise LLMError(
-                f"the connection to {self.base_url} broke during the reply: {e}", "connection"
-            ) from e
+            log.warning("the reply from %s broke off: %s: %s", self.base_url, type(e).__name__, e)
+            raise LLMError(STREAM_CUT, "connection") from e
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         """POST ``body`` and yield the payload of each SSE ``data:`` line (``b"[DONE]"``
@@ -161,24 +210,53 @@ class OpenAIClient:
         )
 
     async def _status_error(self, resp: aiohttp.ClientResponse) -> LLMError:
-        """``the model endpoint answered HTTP 429: <error.message, or the body's text>``."""
+        """``the model server rejected the request (HTTP 400): <its message>``; a body without
+        a message (an HTML error page) goes to the log only."""
         try:
             raw = await resp.read()
         except (TimeoutError, aiohttp.ClientError):
             raw = b""
         text = raw.decode(errors="replace").strip()
-        try:
-            error = json.loads(text)["error"]
-            message = str(error["message"] if isinstance(error, dict) else error)[:500]
-        except (ValueError, TypeError, KeyError, IndexError):
-            message = text[:500]
-        if not message:
-            message = resp.reason or "(no body)"
-        if resp.headers.get("Location"):
-            message += f" (redirected to {resp.headers['Location']})"
-        return LLMError(
-            f"the model endpoint answered HTTP {resp.status}: {message}", f"http_{resp.status}"
+        message = server_message(text)
+        log.warning(
+            "the model server %s answered HTTP %d: %s", self.base_url, resp.status, text[:4000]
         )
+        context_error = context_length_error(message, self.context_window, text)
+        if context_error is not None:
+            return context_error
+        what = "rejected the request" if resp.status < 500 else "failed"
+        status = f"HTTP {resp.status}"
+        if message:
+            if len(message) > SERVER_MESSAGE_MAX:
+                message = message[:SERVER_MESSAGE_MAX] + "…"
+            summary = f"the model server {what} ({status}): {message}"
+        else:
+            summary = f"the model server {what} ({status} {resp.reason or ''}".rstrip() + ")"
+        if resp.headers.get("Location"):
+            summary += f" (redirected to {resp.headers['Location']})"
+        return LLMError(summary, f"http_{resp.status}")
+
+
+def server_message(body: str) -> str:
+    """The message in an error body: OpenAI's ``{"error": {"message"}}``, a plain ``{"error":
+    "…"}``, FastAPI's ``{"detail": …}``; "" when there is none. Whitespace is collapsed."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error", data.get("detail"))
+    if isinstance(error, dict):
+        error = error.get("message") or error.get("msg")
+    elif isinstance(error, list):  # FastAPI's validation errors
+        error = "; ".join(
+            f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}"
+            if isinstance(e, dict)
+            else str(e)
+            for e in error
+        )
+    return " ".join(str(error).split()) if error else ""
 
 
 async def lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
