@@ -3,6 +3,7 @@ variable), missing and unknown conversation ids."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -127,3 +128,45 @@ async def test_a_feature_that_is_off_answers_409(aiohttp_client, action, variabl
     conv = await conversation_with_turns(client, 1)
     r = await client.post(f"/debug/{action}", params={"conversationId": conv.id})
     assert variable in await error_of(r, 409)
+
+
+class MiningLLM(ReflectingLLM):
+    """Answers the skill miner (its system prompt speaks of the skill library)."""
+
+    async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
+        if system_prompt and "skill library" in system_prompt:
+            skill = {"name": "say-hello", "description": "Greets.", "body": "Say hello."}
+            return json.dumps({"skills": [skill]})
+        return await super().complete(prompt, system_prompt=system_prompt)
+
+
+async def test_skill_mining_and_the_curator_plug_into_the_debug_endpoints(aiohttp_client, tmp_path):
+    import agentik_memory
+    import agentik_memory_md
+    import agentik_skills
+
+    app = make_app(
+        llm=MiningLLM(),
+        plugins=[
+            *FEATURES,
+            ("agentik_skills", agentik_skills),
+            ("agentik_memory", agentik_memory),
+            ("agentik_memory_md", agentik_memory_md),
+        ],
+        builtins=BUILTINS,
+        env={
+            "AGENTIK_DEBUG_ENDPOINTS": "1",
+            "AGENTIK_SKILLS_DIR": str(tmp_path / "skills"),
+            "AGENTIK_MEMORY_BACKEND": "md",
+            "AGENTIK_MEMORY_DIR": str(tmp_path / "memory"),
+            "AGENTIK_MEMORY_REVIEW": "0",
+        },
+    )
+    client = await aiohttp_client(app)
+    conv = await conversation_with_turns(client, 2)
+    r = await client.post("/debug/skill-mine", params={"conversationId": conv.id})
+    assert r.status == 200, await r.text()
+    assert (await r.json())["saved"] == ["say-hello"]
+    assert (tmp_path / "skills" / "say-hello" / "SKILL.md").is_file()
+    r = await client.post("/debug/curate")
+    assert r.status == 200 and await r.json() == {"archived": 0, "maxAgeDays": 90.0}

@@ -11,7 +11,6 @@ working memory, is the core's ``ChatConversation.compact``; the turn engine asks
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,6 @@ from agentik.hookspecs import hookimpl
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
     from agentik.core.conversation import ChatConversation
-    from agentik_compaction.summary import Compactor
 
 THRESHOLD = Setting(
     "AGENTIK_COMPRESSION_THRESHOLD",
@@ -34,7 +32,6 @@ THRESHOLD = Setting(
 WINDOW_VARIABLES = "OPENAI_CONTEXT_WINDOW or AGENTIK_GOOGLE_CONTEXT_WINDOW"
 
 #: the compactor of each running agent (made when its server starts)
-_compactors: weakref.WeakKeyDictionary[ChatAgent, Compactor] = weakref.WeakKeyDictionary()
 
 
 @hookimpl
@@ -48,11 +45,13 @@ def register_services(register: Callable[..., None], agent: ChatAgent, settings:
     async def compactor() -> AsyncIterator[None]:
         from agentik_compaction.summary import Compactor
 
-        _compactors[agent] = Compactor(agent, settings["AGENTIK_COMPRESSION_THRESHOLD"])
+        agent.state["agentik_compaction"] = Compactor(
+            agent, settings["AGENTIK_COMPRESSION_THRESHOLD"]
+        )
         try:
             yield
         finally:
-            _compactors.pop(agent, None)
+            agent.state.pop("agentik_compaction", None)
 
     register("compaction", compactor)
 
@@ -61,7 +60,7 @@ def register_services(register: Callable[..., None], agent: ChatAgent, settings:
 def compact_context(
     conversation: ChatConversation, context_tokens: int, forced: bool
 ) -> Awaitable[Any] | None:
-    compactor = _compactors.get(conversation.agent)
+    compactor = conversation.agent.state.get("agentik_compaction")
     if compactor is None:
         return None
     limit = compactor.limit
@@ -72,7 +71,7 @@ def compact_context(
 
 @hookimpl
 def register_debug_actions(register: Callable[..., None], agent: ChatAgent) -> None:
-    compactor = _compactors.get(agent)
+    compactor = agent.state.get("agentik_compaction")
     if compactor is None or compactor.limit is None:
         register("compact", None, off=WINDOW_VARIABLES)
         return

@@ -27,7 +27,7 @@ SETTINGS = (
         "OPENAI_CONTEXT_WINDOW",
         None,
         cfg.parse_positive_int,
-        "Context window in tokens; turns on context compaction (coming with F10).",
+        "Context window in tokens; turns on context compaction (AGENTIK_COMPRESSION_THRESHOLD).",
     ),
     Setting(
         "OPENAI_MAX_TOKENS",

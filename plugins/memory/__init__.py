@@ -8,7 +8,6 @@ curator. A third-party backend gets all of it by implementing ``MemoryBackend``.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -65,13 +64,10 @@ PROMPT = (
     "delete notes with memory_read, memory_list and memory_delete."
 )
 
-#: each running agent's memory feature, while its server runs (an app may be built twice)
-_features: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
 
 def feature_of(agent: Any) -> Any:
     """The agent's :class:`~agentik_memory.feature.MemoryFeature`, None when memory is off."""
-    return _features.get(agent)
+    return agent.state.get("agentik_memory")
 
 
 @hookimpl
@@ -101,11 +97,26 @@ async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
     feature = MemoryFeature(agent, agent.memory, settings)
     for t in feature.tools():
         agent.tools.add(t)
-    _features[agent] = feature
+    agent.state["agentik_memory"] = feature
     try:
         yield feature
     finally:
-        _features.pop(agent, None)
+        agent.state.pop("agentik_memory", None)
+
+
+@hookimpl
+def register_debug_actions(register: Callable[..., None], agent: Any, settings: Settings) -> None:
+    if agent.memory is None:
+        register("curate", None, off="AGENTIK_MEMORY_BACKEND (memory is off)")
+        return
+    from agentik_memory.feature import curate
+
+    days = settings["AGENTIK_MEMORY_MAX_AGE"]
+
+    async def run() -> dict[str, Any]:  # POST /debug/curate: the curator's pass now
+        return {"archived": await curate(agent.memory, timedelta(days=days)), "maxAgeDays": days}
+
+    register("curate", run, conversation=False)
 
 
 @hookimpl

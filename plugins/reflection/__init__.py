@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,6 @@ SECTION = "reflection"
 SECTION_ORDER = 400
 
 #: the reflector of each running agent (made when its server starts)
-_reflectors: weakref.WeakKeyDictionary[ChatAgent, Reflector] = weakref.WeakKeyDictionary()
 
 
 class WeakSpots:
@@ -88,27 +86,27 @@ def register_services(register: Callable[..., None], agent: ChatAgent, settings:
             return
         r = Reflector(agent, db, model, interval, settings["AGENTIK_REFLECTION_TOP_K"])
         await r.load()
-        _reflectors[agent] = r
+        agent.state["agentik_reflection"] = r
         for _order, name, render in agent.prompt_sections:
             if name == SECTION and isinstance(render, WeakSpots):
                 render.reflector = r
         try:
             yield
         finally:
-            _reflectors.pop(agent, None)
+            agent.state.pop("agentik_reflection", None)
 
     register("reflection", reflector)
 
 
 @hookimpl
 def after_turn(conversation: ChatConversation) -> Awaitable[Any] | None:
-    reflector = _reflectors.get(conversation.agent)
+    reflector = conversation.agent.state.get("agentik_reflection")
     return reflector.after_turn(conversation) if reflector is not None else None
 
 
 @hookimpl
 def register_debug_actions(register: Callable[..., None], agent: ChatAgent) -> None:
-    reflector = _reflectors.get(agent)
+    reflector = agent.state.get("agentik_reflection")
     if reflector is None:
         register("reflect", None, off="AGENTIK_REFLECTION_INTERVAL")
     else:

@@ -106,8 +106,6 @@ _catalogues: weakref.WeakValueDictionary[tuple[Any, ...], SkillCatalogue] = (
     weakref.WeakValueDictionary()
 )
 _miners: weakref.WeakValueDictionary[tuple[Any, ...], SkillMiner] = weakref.WeakValueDictionary()
-#: the miner serving each running agent (set while its server runs), for after_turn
-_serving: weakref.WeakKeyDictionary[Any, SkillMiner] = weakref.WeakKeyDictionary()
 
 
 def catalogue(settings: Settings) -> SkillCatalogue | None:
@@ -178,17 +176,30 @@ async def _serve(agent: ChatAgent, found: SkillMiner) -> AsyncIterator[SkillMine
     """Load the catalogue before requests are served (off the event loop) and mine after the
     turns of this agent while it runs."""
     await asyncio.to_thread(found.catalogue.current, True)
-    _serving[agent] = found
+    agent.state["agentik_skills"] = found
     try:
         yield found
     finally:
-        _serving.pop(agent, None)
+        agent.state.pop("agentik_skills", None)
 
 
 @hookimpl
 def after_turn(conversation: ChatConversation) -> Awaitable[Any] | None:
-    found = _serving.get(conversation.agent)
+    found = conversation.agent.state.get("agentik_skills")
     return None if found is None else found.after_turn(conversation)
+
+
+@hookimpl
+def register_debug_actions(register: Callable[..., None], settings: Settings) -> None:
+    found = miner(settings)
+    if found is None:
+        register("skill-mine", None, off="AGENTIK_SKILLS_DIR")
+        return
+
+    async def mine(conversation: ChatConversation) -> dict[str, Any]:
+        return (await found.mine(conversation)).to_json()
+
+    register("skill-mine", mine)  # POST /debug/skill-mine: one pass now, whatever the interval
 
 
 @hookimpl
