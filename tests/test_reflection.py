@@ -112,7 +112,7 @@ async def test_a_reflection_never_blocks_a_turn_and_never_runs_twice(
 ):
     fake.default = reviewer = Reviewer('{"score": 5, "weakSpots": []}', delay=1.0)
     agent = await start(aiohttp_client, fake, tmp_path, AGENTIK_REFLECTION_INTERVAL="1")
-    reflector = agentik_reflection._reflectors[agent]
+    reflector = agent.state["agentik_reflection"]
     conv = await agent.create_conversation()
     await conv.send([TextPart("first")])
     await conv.wait_idle()
