@@ -622,3 +622,39 @@ async def test_after_a_crash_the_cut_turn_errs_and_the_queued_ones_run(make_agen
         ("assistant", "echo: two"),
         ("assistant", "echo: three"),
     ]
+
+
+async def test_a_database_that_cannot_open_is_the_start_up_error(tmp_path):
+    """Not masked by the shutdown that follows: the agent does not record a clean stop in a
+    store that never opened, and the LLM client is still closed."""
+    from agentik.core.app import StartupError, running
+    from agentik.core.testing import make_app
+
+    bad = tmp_path / "not-a-db.sqlite"
+    bad.write_bytes(b"this is not a database" * 100)
+    llm = ScriptedLLM()
+    closed = []
+
+    async def aclose() -> None:
+        closed.append(True)
+
+    llm.aclose = aclose  # type: ignore[method-assign]
+    with pytest.raises(StartupError, match="cannot open the database"):
+        async with running(make_app(llm=llm, env={"AGENTIK_DB_PATH": str(bad)})):
+            pass
+    assert closed == [True]
+
+
+async def test_a_stop_after_an_unrecorded_turn_end_is_not_clean(make_agent, tmp_path):
+    """A turn whose end could not be written may have run: the next start must treat it as
+    cut off (an Error record), never run it again, so the stop is not recorded as clean."""
+    import sqlite3
+
+    for unrecorded, expected in ((0, 1), (1, 0)):
+        db = str(tmp_path / f"u{unrecorded}.db")
+        agent = await make_agent(ScriptedLLM(), db=db)
+        agent.unrecorded_ends = unrecorded
+        await agent.close()
+        with sqlite3.connect(db) as raw:
+            rows = raw.execute("SELECT count(*) FROM agent_state WHERE key = 'clean_stop'")
+            assert rows.fetchone()[0] == expected

@@ -301,3 +301,20 @@ async def test_an_interrupt_during_the_summary_leaves_memory_as_it_was(aiohttp_c
     after = await agent.store.list_memory(conv.id)
     assert after[: len(before)] == before and conv.compactions == 0
     assert "summary" not in [m.kind for m in await conv.get_messages(limit=100)]
+
+
+def test_a_summary_goes_into_the_system_prompt_so_turns_still_alternate():
+    from agentik_llm_openai.backend import OpenAIBackend
+
+    backend = OpenAIBackend(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    history = [
+        HistoryItem("summary", "Goal: plan a trip."),
+        HistoryItem("user", "and the hotel?"),
+        HistoryItem("assistant", "Booked."),
+    ]
+    messages = backend.create_conversation("Be brief.", history, []).messages
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    assert (
+        messages[0]["content"]
+        == "Be brief.\n\nSummary of the earlier conversation:\nGoal: plan a trip."
+    )

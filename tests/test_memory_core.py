@@ -171,3 +171,16 @@ def test_serve_with_an_unknown_backend_exits_with_one_line(serve):
     lines = proc.output.strip().splitlines()
     assert lines[-1].startswith("agentik: error: AGENTIK_MEMORY_BACKEND='nope': unknown memory")
     assert "md" in lines[-1] and "Traceback" not in proc.output
+
+
+async def test_without_the_default_backend_memory_is_off_and_unmentioned():
+    """AGENTIK_MEMORY_BACKEND left at its default (md) whose plugin is not loaded: no memory,
+    no memory tools, and nothing in the system prompt tells the model of any."""
+    import agentik_memory
+    from agentik.core.app import running
+
+    app = make_app(plugins=[("agentik_memory", agentik_memory)], env={"AGENTIK_MEMORY_BACKEND": ""})
+    async with running(app) as agent:
+        assert agent.memory is None
+        assert not [n for n in agent.tools.names() if n.startswith("memory_")]
+        assert "memory" not in agent.system_prompt().lower()

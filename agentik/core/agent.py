@@ -75,7 +75,9 @@ class ChatAgent:
         self.max_live = max_live
         self._events = EventLog(event_buffer)
         self.resume_queued = resume_queued
-        self._closed = False
+        self._opened = self._closed = False
+        #: turns whose end could not be recorded: such a stop is not clean (see :meth:`close`)
+        self.unrecorded_ends = 0
         #: acknowledged messages whose turns never started before the last stop, by conversation
         self._unstarted: dict[str, list[Message]] = {}
 
@@ -90,6 +92,7 @@ class ChatAgent:
         turns it stops): :meth:`resume` runs them (with ``resume_queued`` off they are closed
         the same way)."""
         await self.store.open()
+        self._opened = True
         clean = await self.store.read_state(CLEAN_STOP) is not None
         await self.store.write_state(CLEAN_STOP, None)
         cut: list[Message] = []
@@ -129,7 +132,7 @@ class ChatAgent:
     async def stop_turns(self) -> None:
         """Shutdown: interrupt the running turns and wait until each has recorded its end, so
         its listeners get Interrupted and End before their streams close. Queued messages stay
-        in the database and run after the next start."""
+        in the database and run after the next start (unless ``resume_queued`` is off)."""
         busy = [conv for conv in self._live.values() if conv.busy]
         await asyncio.gather(*(conv.close() for conv in busy))
 
@@ -143,12 +146,17 @@ class ChatAgent:
         if self._closed:
             return
         self._closed = True
+        if not self._opened:  # start-up failed before the store opened: nothing to close
+            self._events.close()
+            await self.jobs.close()
+            return
         for conv in list(self._live.values()):
             await conv.close()
         self._events.close()
         await self.jobs.close()
-        # every turn that ran has recorded its end: the next start runs what is left unasked
-        await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
+        if not self.unrecorded_ends:
+            # every turn that ran has recorded its end: the next start runs what is left
+            await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
         await self.store.close()
 
     # --- the protocol -------------------------------------------------------------------------

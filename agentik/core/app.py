@@ -297,9 +297,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         _start_jobs(agent, plugins, settings)
         yield
     finally:
-        await agent.close()  # turns stop before the services they may be using
-        await services.aclose()
-        await agent.llm.aclose()
+        try:
+            await agent.close()  # turns stop before the services they may be using
+        finally:
+            try:
+                await services.aclose()
+            finally:
+                await agent.llm.aclose()
 
 
 async def _start_services(

@@ -298,8 +298,8 @@ class ChatConversation:
         self.agent.publish("ConversationUpdated", self.id)
 
     async def close(self) -> None:
-        """Stop the running turn and release the live LLM conversation. Turns still queued are
-        left to crash recovery: they get an Error record at the next start."""
+        """Stop the running turn and release the live LLM conversation. Messages still queued
+        stay in the database: the next start runs them (``ChatAgent.resume``)."""
         self._closed = True
         self._queue.clear()
         self.interrupt()
@@ -411,7 +411,9 @@ class ChatConversation:
                 await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
         except Exception:
             # even the end could not be recorded (the database is gone): it is closed at the
-            # next start; listeners still get their Error and End
+            # next start (never run again: the stop is not clean); listeners still get their
+            # Error and End
+            self.agent.unrecorded_ends += 1
             log.exception("recording the end of turn %s of %s failed", user.id, self.id)
         finally:
             if not turn.ended:

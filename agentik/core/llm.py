@@ -123,12 +123,30 @@ def history_images(item: HistoryItem) -> tuple[ImagePart, ...]:
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 
 
+def fold_summaries(
+    system_prompt: str, history: Sequence[HistoryItem]
+) -> tuple[str, list[HistoryItem]]:
+    """Move the ``summary`` entries that open working memory (compaction puts its summary
+    first) into the system prompt. As a user message the summary would stand right before the
+    first kept user message, and chat templates that require user and assistant turns to
+    alternate refuse two user messages in a row."""
+    rest = list(history)
+    summaries = []
+    while rest and rest[0].role == "summary":
+        summaries.append(SUMMARY_PREFIX + rest.pop(0).text)
+    return "\n\n".join([p for p in (system_prompt, *summaries) if p]), rest
+
+
 class LLMConversation(abc.ABC):
     """A live, stateful conversation with the model."""
 
     @abc.abstractmethod
     def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
-        """Send ``inputs`` and stream the reply; raise :class:`LLMError` on failure."""
+        """Send ``inputs`` and stream the reply; raise :class:`LLMError` on failure.
+
+        ``inputs`` may be empty: the conversation was just built from working memory that
+        already ends with this step's tool results (a compaction in the middle of a tool loop),
+        and the model answers them."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release what the conversation holds (a KV cache, a native handle)."""

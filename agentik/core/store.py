@@ -127,7 +127,8 @@ class Store(abc.ABC):
 
         ``turn_id`` (the id of the user message that started the turn) is kept on both, so a
         turn's records can be found and its working memory rolled back. ``durable``: the
-        write must survive a power loss once this returns (an acknowledged user message).
+        write must survive a power loss once this returns (user messages, which a client is
+        told are stored, go through :meth:`add_user_message`, which is always durable).
 
         Turns call this and may be interrupted (cancelled) while they await it: a write that
         started must complete anyway. SQLite's writes never suspend; an implementation that

@@ -31,8 +31,6 @@ THRESHOLD = Setting(
 )
 WINDOW_VARIABLES = "OPENAI_CONTEXT_WINDOW or AGENTIK_GOOGLE_CONTEXT_WINDOW"
 
-#: the compactor of each running agent (made when its server starts)
-
 
 @hookimpl
 def register_settings(register: Callable[[Setting], None]) -> None:

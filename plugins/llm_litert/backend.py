@@ -52,6 +52,7 @@ from agentik.core.llm import (
     ToolResultInput,
     Usage,
     UserInput,
+    fold_summaries,
     history_images,
 )
 from agentik.core.settings import SettingsError
@@ -240,7 +241,7 @@ class LiteRtConversation(LLMConversation):
         tools: Sequence[ToolSpec],
     ) -> None:
         self._backend = backend
-        self._system_prompt = system_prompt
+        self._system_prompt, history = fold_summaries(system_prompt, history)
         self._messages = history_messages(history)
         self._tools = [_Tool(t) for t in tools]
         self._conv: Any = None
@@ -272,7 +273,14 @@ class LiteRtConversation(LLMConversation):
             self._conv.cancel_process()
         if self._broken:
             raise LLMError(f"the LiteRT-LM conversation is unusable: {self._broken}", "litert")
-        message = input_message(inputs)
+        if inputs:
+            message = input_message(inputs)
+        elif self._conv is None and self._messages and self._messages[-1]["role"] == "tool":
+            # just rebuilt from memory that ends with this step's tool results: they are the
+            # message the model answers
+            message = self._messages.pop()
+        else:
+            raise LLMError("nothing to send to the LiteRT-LM conversation", "litert")
         backend = self._backend
         loop = asyncio.get_running_loop()
         if self._conv is None:

@@ -34,6 +34,7 @@ from agentik.core.llm import (
     Truncated,
     Usage,
     UserInput,
+    fold_summaries,
     history_images,
 )
 from agentik.core.tools import ToolSpec
@@ -97,6 +98,7 @@ class OpenAIBackend(LLMBackend):
     def create_conversation(
         self, system_prompt: str, history: Sequence[HistoryItem], tools: Sequence[ToolSpec]
     ) -> OpenAIConversation:
+        system_prompt, history = fold_summaries(system_prompt, history)
         return OpenAIConversation(self, history_messages(system_prompt, history), tools)
 
     async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:

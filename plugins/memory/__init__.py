@@ -76,10 +76,21 @@ def register_settings(register: Callable[[Setting], None]) -> None:
         register(setting)
 
 
+class MemoryPrompt:
+    """The system prompt section: said only once the memory service is up (the default backend
+    may be missing, and then there are no memory tools to tell the model about)."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def __call__(self) -> str | None:
+        return PROMPT if self.on else None
+
+
 @hookimpl
 def register_prompt_sections(register: Callable[..., Any], settings: Settings) -> None:
     if not memory_off(settings):
-        register("memory", lambda: PROMPT, order=300)
+        register("memory", MemoryPrompt(), order=300)
 
 
 @hookimpl
@@ -98,10 +109,15 @@ async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
     for t in feature.tools():
         agent.tools.add(t)
     agent.state["agentik_memory"] = feature
+    sections = [r for _, name, r in agent.prompt_sections if isinstance(r, MemoryPrompt)]
+    for section in sections:
+        section.on = True
     try:
         yield feature
     finally:
         agent.state.pop("agentik_memory", None)
+        for section in sections:
+            section.on = False
 
 
 @hookimpl

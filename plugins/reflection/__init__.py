@@ -43,8 +43,6 @@ SETTINGS = (
 SECTION = "reflection"
 SECTION_ORDER = 400
 
-#: the reflector of each running agent (made when its server starts)
-
 
 class WeakSpots:
     """The system prompt section; its reflector is attached when the server starts."""
