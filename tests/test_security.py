@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -221,3 +222,60 @@ async def test_the_banner_names_the_bound_address_and_the_key(serve, fake_openai
     banner = proc.wait_output("tokens:")
     first = next(line for line in banner.splitlines() if line.startswith("agentik listening"))
     assert first == f"agentik listening on {base} (this machine only; API key required (1 key))"
+
+
+async def test_slow_and_silent_clients_are_cut_off(serve, fake_openai_proc):
+    """A connection that sends nothing, one that trickles its headers, and one whose body is
+    shorter than its Content-Length each lose their connection (or get a 408), and the server
+    keeps answering others meanwhile."""
+    import asyncio
+    import time
+
+    env = {
+        "OPENAI_BASE_URL": fake_openai_proc,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_MODEL": "fake",
+        "AGENTIK_KEEPALIVE_TIMEOUT": "1",
+        "AGENTIK_BODY_TIMEOUT": "1",
+    }
+    _, base = serve(env)
+    host, port = base.removeprefix("http://").split(":")
+
+    async def closed_after(writer_work) -> float:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        began = time.monotonic()
+        await writer_work(writer)
+        try:
+            data = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        except ConnectionError:
+            data = b""
+        writer.close()
+        return time.monotonic() - began, data
+
+    async def silent(writer):
+        pass
+
+    async def trickle(writer):  # 2.5 s of headers at 20 bytes/s: closed on the way
+        try:
+            for ch in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaa\r\n":
+                writer.write(bytes([ch]))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        except ConnectionError:
+            pass
+
+    async def short_body(writer):
+        writer.write(
+            b"POST /agentik/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+
+    took, data = await closed_after(silent)
+    assert took < 5 and data == b""
+    took, data = await closed_after(trickle)
+    assert took < 8 and b"200" not in data
+    took, data = await closed_after(short_body)
+    assert took < 5 and b"408" in data.split(b"\r\n")[0] and b"request_timeout" in data
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200

@@ -7,6 +7,7 @@ closed in reverse), and every open event stream ends in ``on_shutdown``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -215,6 +216,29 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(500, "internal", "internal server error")
 
 
+def body_in_time(seconds: float) -> Any:
+    """Read a request's body (at most ``MAX_BODY``) before its handler runs, within ``seconds``:
+    a client that announces more than it sends, or trickles it, gets a 408 instead of holding
+    its handler forever. Every transport's handlers then read the body from memory."""
+
+    @web.middleware
+    async def read_body(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(seconds):
+                    await request.read()
+            except TimeoutError:
+                response = error_response(
+                    408, "request_timeout", f"the request body did not arrive within {seconds:g} s"
+                )
+                request.content.feed_eof()  # what is left of it is not read
+                response.force_close()
+                return response
+        return await handler(request)  # type: ignore[no-any-return]
+
+    return read_body
+
+
 def error_response(
     status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> web.Response:
@@ -241,7 +265,12 @@ def create_app(
     settings = settings if settings is not None else load_settings(plugins, env)
     agent = build_agent(plugins, settings, llm)
     app = web.Application(
-        middlewares=[security.middleware(settings), json_errors], client_max_size=MAX_BODY
+        middlewares=[
+            security.middleware(settings),
+            json_errors,
+            body_in_time(settings["AGENTIK_BODY_TIMEOUT"]),
+        ],
+        client_max_size=MAX_BODY,
     )
     app.on_response_prepare.append(security.response_headers(settings))
     app[AGENT] = agent

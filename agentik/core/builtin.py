@@ -104,6 +104,19 @@ CORE_SETTINGS = (
         "reloaded from the database on demand.",
     ),
     Setting(
+        "AGENTIK_KEEPALIVE_TIMEOUT",
+        15.0,
+        parse_positive_float,
+        "Seconds a connection may stay idle, or take to send a request's headers, before it is "
+        "closed.",
+    ),
+    Setting(
+        "AGENTIK_BODY_TIMEOUT",
+        30.0,
+        parse_positive_float,
+        "Seconds a client may take to send a request's body (408 after that).",
+    ),
+    Setting(
         "AGENTIK_RESUME_QUEUED",
         True,
         parse_bool,

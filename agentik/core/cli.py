@@ -138,15 +138,18 @@ def serve_command(host: str | None, port: int | None) -> int:
 async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
     from aiohttp import web
 
-    from agentik.core.app import StartupError
-
     # handler_cancellation: an SSE handler whose client left ends at once, not at the next ping
+    from agentik.core.app import SETTINGS, StartupError
+
     runner = web.AppRunner(
         app,
         shutdown_timeout=shutdown_timeout,
         handle_signals=False,
         access_log=None,
         handler_cancellation=True,
+        # also from the connection's start: a client that sends nothing, or its headers too
+        # slowly to finish a request, is closed after it (aiohttp's idle check)
+        keepalive_timeout=app[SETTINGS]["AGENTIK_KEEPALIVE_TIMEOUT"],
     )
     try:
         await runner.setup()
