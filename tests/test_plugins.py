@@ -669,7 +669,9 @@ async def test_banner_shows_every_backends_description_and_plugin_routes(author_
         await server.close()
     assert "  llm: described v2 (scripted)" in lines
     assert "  GET  /ping" in lines
-    assert not any(line.startswith("  GET  /agentik/conversations/{id}/messages") for line in lines)
+    # the HTTP API's own banner lines list its routes: not listed again as unannounced
+    listed = [line for line in lines if "/agentik/conversations/{id}/messages " in line]
+    assert [line.split()[0] for line in listed] == ["POST", "GET"]
 
 
 def test_trace_plugins_traces_the_register_hooks_too(author_plugins, caplog):

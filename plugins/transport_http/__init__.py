@@ -50,10 +50,19 @@ def register_transports(register: Callable[..., None]) -> None:
 
 @hookimpl
 def banner_lines() -> list[str]:
-    return [
-        f"  POST {PREFIX}/conversations                              -> 201",
-        f"  POST {PREFIX}/conversations/{{id}}/messages                -> 202",
-        f"  GET  {PREFIX}/conversations/{{id}}/events                  -> SSE",
-        f"  GET  {PREFIX}/events                                     -> SSE",
-        f"  GET  {PREFIX}/openapi.json",
-    ]
+    """Every operation of the API, read from its OpenAPI document (so the two cannot drift)."""
+    import json
+    from importlib import resources
+
+    doc = json.loads(resources.files(__name__).joinpath("openapi.json").read_text())
+    lines = []
+    for path, ops in doc["paths"].items():
+        if not path.startswith(PREFIX):
+            continue
+        for method, op in ops.items():
+            if method == "parameters":
+                continue
+            ok = next(s for s in op["responses"] if s.startswith("2"))
+            sse = "text/event-stream" in op["responses"][ok].get("content", {})
+            lines.append(f"  {method.upper():<4} {path:<43} -> {'SSE' if sse else ok}")
+    return lines
