@@ -151,6 +151,7 @@ async def test_bad_messages_get_400_and_change_nothing(client, db_path, raw, mes
         ("get", "/agentik/conversations/{cid}/messages?after=nope", None, 404),
         ("get", "/agentik/conversations/{cid}/messages?limit=x", None, 400),
         ("get", "/agentik/conversations/{cid}/events?after=abc", None, 400),
+        ("get", "/agentik/conversations/{cid}/events?after=", None, 400),
         ("get", "/agentik/conversations/unknown", None, 404),
         ("patch", "/agentik/conversations/unknown", {"title": "x"}, 404),
         ("post", "/agentik/conversations/unknown/messages", TEXT, 404),

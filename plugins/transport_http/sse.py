@@ -49,7 +49,7 @@ def resume_point(request: web.Request) -> int | None:
 
 
 def _event_id(name: str, raw: str | None) -> int | None:
-    if raw is None or raw == "":
+    if raw is None:
         return None
     if not raw.isascii() or not raw.isdigit() or len(raw) > 20:
         raise InvalidInput(f"{name} must be an event id, got {raw[:40]!r}")
