@@ -658,3 +658,14 @@ async def test_a_stop_after_an_unrecorded_turn_end_is_not_clean(make_agent, tmp_
         with sqlite3.connect(db) as raw:
             rows = raw.execute("SELECT count(*) FROM agent_state WHERE key = 'clean_stop'")
             assert rows.fetchone()[0] == expected
+
+
+async def test_run_turn_returns_its_own_turn_when_another_is_running(make_agent):
+    from agentik.core.testing import run_turn
+
+    agent = await make_agent(ScriptedLLM(["first ", "reply"], delay=0.02))
+    conv = await agent.create_conversation()
+    await conv.send(text("one"))  # still streaming when run_turn sends
+    turn = await run_turn(conv, "two")
+    assert turn.text == "echo: two"
+    assert [m.kind for m in turn.history] == ["user", "assistant", "user", "assistant"]

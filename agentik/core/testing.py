@@ -167,8 +167,11 @@ TURN_TIMEOUT = 10.0  # seconds run_turn waits for a turn's End
 
 async def run_turn(target: ChatAgent | ChatConversation, text: str) -> Turn:
     """Send ``text`` (to a new conversation when given the agent), wait for the turn's ``End``
-    (at most ``TURN_TIMEOUT`` seconds) and return its events and the history, oldest first."""
+    (at most ``TURN_TIMEOUT`` seconds) and return its events and the history, oldest first.
+    Turns already running or queued in the conversation finish first, so the events are this
+    turn's own."""
     conv = await target.create_conversation() if isinstance(target, ChatAgent) else target
+    await asyncio.wait_for(conv.wait_idle(), TURN_TIMEOUT)
     events = conv.events()
     await conv.send([TextPart(text)])
     seen: list[Event] = []
