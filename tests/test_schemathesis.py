@@ -10,7 +10,7 @@ from tests.conftest import BIN
 KEY = "schemathesis-test-key-0123"
 
 
-def test_schemathesis_finds_nothing(serve, fake_openai_proc):
+def test_schemathesis_finds_nothing(serve, fake_openai_proc, tmp_path):
     env = {
         "OPENAI_BASE_URL": fake_openai_proc,
         "OPENAI_API_KEY": "sk-test",
@@ -35,6 +35,8 @@ def test_schemathesis_finds_nothing(serve, fake_openai_proc):
             "5",
             "--seed",
             "1",  # the same cases every run: a failure here reproduces
+            "--generation-database",
+            "none",  # nothing replayed from earlier runs, nothing written to the checkout
             # SSE streams never end: read what comes within it, then check it
             "--request-timeout",
             "2",
@@ -42,6 +44,7 @@ def test_schemathesis_finds_nothing(serve, fake_openai_proc):
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,  # its caches (.schemathesis, .hypothesis) stay out of the checkout
     )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert "No issues found" in out.stdout

@@ -22,6 +22,7 @@ from agentik.core.types import InvalidInput
 log = logging.getLogger(__name__)
 
 PING = b": ping\n\n"
+MAX_EVENT_ID = 2**63 - 1
 HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -51,8 +52,9 @@ def resume_point(request: web.Request) -> int | None:
 def _event_id(name: str, raw: str | None) -> int | None:
     if raw is None:
         return None
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 20:
-        raise InvalidInput(f"{name} must be an event id, got {raw[:40]!r}")
+    # event ids are 64-bit (microseconds since 1970 and up); longer is no id of ours
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_EVENT_ID:
+        raise InvalidInput(f"{name} must be an event id (0 to {MAX_EVENT_ID}), got {raw[:40]!r}")
     return int(raw)
 
 
