@@ -106,10 +106,14 @@ def _left_out(plugins: Plugins, kind: str, hook: str, name: str) -> str | None:
     )
 
 
-def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
+def select_llm(
+    plugins: Plugins, settings: Settings, regs: dict[str, BackendRegistry] | None = None
+) -> LLMBackend:
+    """The LLM backend ``AGENTIK_LLM_BACKEND`` names (``regs``: registries already built)."""
     name = settings["AGENTIK_LLM_BACKEND"]
+    regs = regs if regs is not None else registries(plugins)
     try:
-        llm = registries(plugins)["llm"].create(name, settings, variable="AGENTIK_LLM_BACKEND")
+        llm = regs["llm"].create(name, settings, variable="AGENTIK_LLM_BACKEND")
     except SettingsError as e:
         raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
     except BackendError as e:
@@ -121,15 +125,16 @@ def select_llm(plugins: Plugins, settings: Settings) -> LLMBackend:
     return llm
 
 
-def select_memory(plugins: Plugins, settings: Settings) -> MemoryBackend | None:
+def select_memory(
+    plugins: Plugins, settings: Settings, regs: dict[str, BackendRegistry] | None = None
+) -> MemoryBackend | None:
     """The memory backend ``AGENTIK_MEMORY_BACKEND`` names; None when memory is off."""
     if memory_off(settings):
         return None
     name = settings["AGENTIK_MEMORY_BACKEND"]
+    regs = regs if regs is not None else registries(plugins)
     try:
-        memory = registries(plugins)["memory"].create(
-            name, settings, variable="AGENTIK_MEMORY_BACKEND"
-        )
+        memory = regs["memory"].create(name, settings, variable="AGENTIK_MEMORY_BACKEND")
     except BackendError as e:
         if "AGENTIK_MEMORY_BACKEND" not in getattr(settings, "explicit", ()):
             # the default backend's plugin is not loaded (disabled, or left out): no memory
@@ -180,16 +185,17 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         database = Database(path)
     except OSError as e:
         raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot create its folder: {e}") from e
+    regs = registries(plugins)  # every register_*_backends hook called once
     return ChatAgent(
         store=SqliteStore(database),
-        llm=llm if llm is not None else select_llm(plugins, settings),
+        llm=llm if llm is not None else select_llm(plugins, settings, regs),
         tools=tools,
         prompt_sections=collect_prompt_sections(plugins, settings),
         hooks=plugins.hook,
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
-        memory=select_memory(plugins, settings),
+        memory=select_memory(plugins, settings, regs),
     )
 
 
