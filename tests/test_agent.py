@@ -669,3 +669,38 @@ async def test_run_turn_returns_its_own_turn_when_another_is_running(make_agent)
     turn = await run_turn(conv, "two")
     assert turn.text == "echo: two"
     assert [m.kind for m in turn.history] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_turn_events_are_one_sends_own_turn_while_others_queue(make_agent):
+    agent = await make_agent(ScriptedLLM(delay=0.01))
+    conv = await agent.create_conversation()
+    await conv.send(text("first"))  # running or queued ahead of ours
+    after = conv.last_event_id
+    ours = await conv.send(text("second"))
+    await conv.send(text("third"))  # queued behind ours
+    items = [item async for item in conv.turn_events(ours.id, after)]
+    assert {item.turn_id for item in items} == {ours.id}
+    assert [item.event.type for item in items][-1] == "End"
+    assert "".join(getattr(i.event, "text", "") for i in items) == "echo: second"
+    await conv.wait_idle()
+
+
+async def test_an_alias_finds_the_same_conversation_after_a_restart(make_agent, tmp_path):
+    db = str(tmp_path / "aliases.db")
+    agent = await make_agent(db=db)
+    first = await agent.aliased_conversation("agui", "thread-1", title="From AG-UI")
+    again = await agent.aliased_conversation("agui", "thread-1")
+    other = await agent.aliased_conversation("a2a", "thread-1")  # another protocol's name
+    assert again is first and other.id != first.id and first.title == "From AG-UI"
+    # two first uses at once create one conversation
+    racing = await asyncio.gather(*(agent.aliased_conversation("agui", "t2") for _ in range(5)))
+    assert len({c.id for c in racing}) == 1
+    assert await agent.count_conversations() == 3
+    await agent.close()
+
+    agent = await make_agent(db=db)
+    assert (await agent.aliased_conversation("agui", "thread-1")).id == first.id
+    # the alias goes with its conversation: the next use starts a new one
+    await agent.delete_conversation(first.id)
+    fresh = await agent.aliased_conversation("agui", "thread-1")
+    assert fresh.id != first.id

@@ -171,6 +171,24 @@ class ChatAgent:
         self.publish("ConversationCreated", info.id)
         return conv
 
+    async def aliased_conversation(
+        self, namespace: str, key: str, title: str | None = None
+    ) -> ChatConversation:
+        """The conversation another protocol names ``key`` (``namespace``: the protocol, e.g.
+        ``"agui"`` for AG-UI thread ids), created on first use with ``title``; the name is kept
+        in the database, so it finds the same conversation after a restart."""
+        now = utcnow()
+        new = ConversationInfo(new_id("conv"), title, False, now, now)
+        info, created = await self.store.aliased_conversation(namespace, key, new)
+        if created:
+            conv = self._remember(ChatConversation(self, info))
+            self.publish("ConversationCreated", info.id)
+            return conv
+        known = await self.get_conversation(info.id)
+        if known is None:  # its deletion is under way; the alias goes with it
+            raise ConversationClosed(f"conversation {info.id} is being deleted")
+        return known
+
     async def get_conversation(self, conversation_id: str) -> ChatConversation | None:
         if conversation_id in self._deleting:
             return None

@@ -45,6 +45,7 @@ from agentik.core.types import (
     End,
     Error,
     Event,
+    Gap,
     ImagePart,
     Interrupted,
     InvalidInput,
@@ -270,6 +271,38 @@ class ChatConversation:
             after = self._events.last_seq
         return flatten(self.event_batches(after))
 
+    @property
+    def last_event_id(self) -> int:
+        """The sequence id of the newest event: read it before a ``send`` and pass it to
+        :meth:`turn_events` so nothing of that turn is missed."""
+        return self._events.last_seq
+
+    async def turn_events(
+        self, turn_id: str, after: int | None = None
+    ) -> AsyncGenerator[StreamItem, None]:
+        """The items of one turn (``turn_id``: the id of the user message ``send`` returned),
+        published after ``after``, through its ``End``; a transport that answers one send with
+        one stream uses it, even when other sends queue on the conversation::
+
+            after = conv.last_event_id
+            message = await conv.send([TextPart("hello")])
+            async for item in conv.turn_events(message.id, after):
+                ...
+
+        A :class:`~agentik.core.types.Gap` (the reader fell behind the replay buffer) is
+        yielded too. The stream also stops when the conversation's log closes (shutdown,
+        deletion) before the turn ended; a turn that ended before ``after`` yields nothing
+        until then, so check the history first when the turn may be over."""
+        items = self.event_items(after)
+        try:
+            async for item in items:
+                if item.turn_id == turn_id or isinstance(item.event, Gap):
+                    yield item
+                    if isinstance(item.event, End) and item.turn_id == turn_id:
+                        return
+        finally:
+            await items.aclose()
+
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0
     ) -> AsyncGenerator[list[StreamItem], None]:
@@ -342,7 +375,7 @@ class ChatConversation:
         asyncio.get_running_loop().call_soon(self.agent.evict_idle)
 
     def _emit(self, event: Event) -> None:
-        self._events.publish(event)
+        self._events.publish(event, self._running)
 
     async def _write(
         self,

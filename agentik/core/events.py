@@ -24,13 +24,15 @@ from agentik.core.types import Event, Gap
 
 
 class StreamItem:
-    """One published event. ``memo`` lets a transport cache its encoding once for all readers."""
+    """One published event. ``turn_id`` is the user message id of the turn that emitted it
+    (None outside a turn); ``memo`` lets a transport cache its encoding once for all readers."""
 
-    __slots__ = ("event", "memo", "seq")
+    __slots__ = ("event", "memo", "seq", "turn_id")
 
-    def __init__(self, seq: int, event: Event) -> None:
+    def __init__(self, seq: int, event: Event, turn_id: str | None = None) -> None:
         self.seq = seq
         self.event = event
+        self.turn_id = turn_id
         self.memo: dict[str, Any] = {}
 
 
@@ -64,11 +66,11 @@ class EventLog:
     def closed(self) -> bool:
         return self._closed
 
-    def publish(self, event: Event) -> int:
+    def publish(self, event: Event, turn_id: str | None = None) -> int:
         self._seq += 1
         if self._seq > EventLog._high_water:
             EventLog._high_water = self._seq
-        self._items.append(StreamItem(self._seq, event))
+        self._items.append(StreamItem(self._seq, event, turn_id))
         self._wake()
         return self._seq
 

@@ -65,6 +65,21 @@ class IdempotencyKey(BaseModel):
         primary_key = peewee.CompositeKey("conversation", "key")
 
 
+class ConversationAlias(BaseModel):
+    """A name another protocol gives a conversation (an AG-UI thread id, an A2A context id):
+    ``namespace`` is the protocol's, ``key`` the client's id."""
+
+    namespace = peewee.TextField()
+    key = peewee.TextField()
+    conversation = peewee.ForeignKeyField(
+        Conversation, column_name="conversation_id", on_delete="CASCADE"
+    )
+
+    class Meta:
+        table_name = "conversation_alias"
+        primary_key = peewee.CompositeKey("namespace", "key")
+
+
 class AgentState(BaseModel):
     """Small facts about the agent itself, e.g. whether its last stop was clean."""
 
@@ -80,6 +95,7 @@ MODELS: list[type[peewee.Model]] = [
     Message,
     WorkingMemory,
     IdempotencyKey,
+    ConversationAlias,
     AgentState,
 ]
 

@@ -111,6 +111,14 @@ class Store(abc.ABC):
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete a conversation with its messages and working memory (cascade)."""
 
+    @abc.abstractmethod
+    async def aliased_conversation(
+        self, namespace: str, key: str, new: ConversationInfo
+    ) -> tuple[ConversationInfo, bool]:
+        """The conversation another protocol calls ``key`` in ``namespace``; when there is none,
+        ``new`` is created under that name in the same transaction. Returns it and whether it
+        was created. The alias goes with its conversation when that is deleted."""
+
     # audit log + working memory, written together so a turn is never half-recorded
     @abc.abstractmethod
     async def append(
@@ -238,6 +246,32 @@ class SqliteStore(Store):
                 (info.id, info.title, _ts(info.created_at), _ts(info.updated_at)),
             )
         )
+
+    async def aliased_conversation(
+        self, namespace: str, key: str, new: ConversationInfo
+    ) -> tuple[ConversationInfo, bool]:
+        def q() -> tuple[ConversationInfo, bool]:
+            row = self.db.execute(
+                "SELECT c.id, c.title, c.created_at, c.updated_at FROM conversation_alias a "
+                "JOIN conversation c ON c.id = a.conversation_id "
+                "WHERE a.namespace = ? AND a.key = ?",
+                (namespace, key),
+            ).fetchone()
+            if row is not None:
+                return self._info(row), False
+            self.db.execute(
+                "INSERT INTO conversation (id, title, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                (new.id, new.title, _ts(new.created_at), _ts(new.updated_at)),
+            )
+            self.db.execute(
+                "INSERT INTO conversation_alias (namespace, key, conversation_id) VALUES (?, ?, ?)",
+                (namespace, key, new.id),
+            )
+            return new, True
+
+        # one transaction, run without yielding to the loop: two first runs of one thread
+        # cannot both create it
+        return await self.db.write(q)
 
     async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
         def q() -> ConversationInfo | None:
@@ -581,11 +615,22 @@ class MemoryStore(Store):
         self._memory: dict[str, list[MemoryRow]] = {}
         self._keys: dict[tuple[str, str], Message] = {}
         self._state: dict[str, str] = {}
+        self._aliases: dict[tuple[str, str], str] = {}
 
     async def create_conversation(self, info: ConversationInfo) -> None:
         self._convs[info.id] = info
         self._messages[info.id] = []
         self._memory[info.id] = []
+
+    async def aliased_conversation(
+        self, namespace: str, key: str, new: ConversationInfo
+    ) -> tuple[ConversationInfo, bool]:
+        known = self._convs.get(self._aliases.get((namespace, key), ""))
+        if known is not None:
+            return known, False
+        await self.create_conversation(new)
+        self._aliases[namespace, key] = new.id
+        return new, True
 
     async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
         return self._convs.get(conversation_id)
@@ -612,6 +657,7 @@ class MemoryStore(Store):
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         self._keys = {k: m for k, m in self._keys.items() if k[0] != conversation_id}
+        self._aliases = {k: c for k, c in self._aliases.items() if c != conversation_id}
         self._messages.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
         return self._convs.pop(conversation_id, None) is not None
