@@ -238,7 +238,7 @@ async def test_slow_and_silent_clients_are_cut_off(serve, fake_openai_proc):
         "AGENTIK_KEEPALIVE_TIMEOUT": "1",
         "AGENTIK_BODY_TIMEOUT": "1",
     }
-    _, base = serve(env)
+    proc, base = serve(env)
     host, port = base.removeprefix("http://").split(":")
 
     async def closed_after(writer_work) -> float:
@@ -275,7 +275,111 @@ async def test_slow_and_silent_clients_are_cut_off(serve, fake_openai_proc):
     assert took < 5 and data == b""
     took, data = await closed_after(trickle)
     assert took < 8 and b"200" not in data
-    took, data = await closed_after(short_body)
-    assert took < 5 and b"408" in data.split(b"\r\n")[0] and b"request_timeout" in data
+    for _ in range(2):
+        took, data = await closed_after(short_body)
+        assert took < 5 and b"408" in data.split(b"\r\n")[0] and b"request_timeout" in data
+    # logged once, not per client
+    assert proc.output.count("request bodies that did not arrive within") == 1
     async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
         assert r.status == 200
+
+
+def fake_env(fake_openai_proc: str, **more: str) -> dict[str, str]:
+    return {
+        "OPENAI_BASE_URL": fake_openai_proc,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_MODEL": "fake",
+        **more,
+    }
+
+
+async def raw_exchange(base: str, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection and read until the server closes it."""
+    import asyncio
+
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+def split_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+async def test_requests_aiohttp_cannot_parse_get_json_errors_and_one_log_line(
+    serve, fake_openai_proc
+):
+    """A bad request line, NUL in a header, an over-long header and an unknown method are
+    answered before any handler runs: JSON bodies, no Server header, no traceback, and ten
+    of them are one line in the log."""
+    import json
+
+    proc, base = serve(fake_env(fake_openai_proc))
+    host = b"Host: 127.0.0.1\r\n"
+    broken = [
+        b"GET\x00 /health HTTP/1.1\r\n" + host + b"\r\n",
+        b"GET /health HTTP/1.1\r\n" + host + b"X-A: a\x00b\r\n\r\n",
+        b"GET /health HTTP/1.1\r\n" + host + b"X-A: " + b"a" * 10_000 + b"\r\n\r\n",
+        b"F(O) /health HTTP/1.1\r\n" + host + b"\r\n",
+    ]
+    for request in broken * 3:
+        status, headers, body = split_response(await raw_exchange(base, request))
+        assert status == 400
+        assert headers["content-type"].startswith("application/json")
+        assert "server" not in headers
+        error = json.loads(body)["error"]
+        assert error["code"] == "bad_request" and error["message"]
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200  # and the server goes on
+    log = proc.output
+    assert "Traceback" not in log
+    assert log.count("malformed requests answered 400") == 1
+
+
+async def test_connections_beyond_the_cap_get_a_503_and_close(serve, fake_openai_proc):
+    import asyncio
+    import json
+
+    proc, base = serve(fake_env(fake_openai_proc, AGENTIK_MAX_CONNECTIONS="3"))
+    host, port = base.removeprefix("http://").split(":")
+    held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
+    await asyncio.sleep(0.2)
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for _ in range(10):
+        status, headers, body = split_response(await raw_exchange(base, request))
+        assert status == 503 and headers["retry-after"] == "1"
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+    for _, writer in held:
+        writer.close()
+    await asyncio.sleep(0.3)
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200  # the refused ones left nothing behind
+    assert proc.output.count("connections refused") == 1
+
+
+def test_the_cap_fits_the_descriptor_limit():
+    """Raised towards the hard limit when it can be; otherwise lowered, with a warning naming
+    the variable."""
+    import sys
+
+    script = (
+        "import resource\n"
+        "from agentik.core.listener import connection_cap, FD_RESERVE\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 400))\n"
+        "assert connection_cap(300) == 300, 'raised'\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 300 + FD_RESERVE\n"
+        "warned = []\n"
+        "assert connection_cap(1000, warned.append) == 400 - FD_RESERVE\n"
+        "print(warned[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("AGENTIK_MAX_CONNECTIONS=1000 needs 1064 file descriptors")

@@ -20,6 +20,7 @@ from agentik.core import security
 from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
+from agentik.core.listener import TroubleLog
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend, memory_off
 from agentik.core.plugins import PluginError, Plugins, call_impl, call_startup, make_plugins
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 AGENT = web.AppKey("agentik.agent", ChatAgent)
 SETTINGS = web.AppKey("agentik.settings", Settings)
 PLUGINS = web.AppKey("agentik.plugins", Plugins)
+#: counts client trouble (refused connections, malformed requests, slow bodies) for the log
+TROUBLE = web.AppKey("agentik.trouble", TroubleLog)
 MAX_BODY = 1024 * 1024
 
 NO_LLM_HINT = (
@@ -222,7 +225,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(500, "internal", "internal server error")
 
 
-def body_in_time(seconds: float) -> Any:
+def body_in_time(seconds: float, trouble: TroubleLog) -> Any:
     """Read a request's body (at most ``MAX_BODY``) before its handler runs, within ``seconds``:
     a client that announces more than it sends, or trickles it, gets a 408 instead of holding
     its handler forever. Every transport's handlers then read the body from memory."""
@@ -234,6 +237,7 @@ def body_in_time(seconds: float) -> Any:
                 async with asyncio.timeout(seconds):
                     await request.read()
             except TimeoutError:
+                trouble.count("slow_body", str(request.remote))
                 response = error_response(
                     408, "request_timeout", f"the request body did not arrive within {seconds:g} s"
                 )
@@ -270,11 +274,12 @@ def create_app(
     plugins = plugins if plugins is not None else make_plugins(env=env)
     settings = settings if settings is not None else load_settings(plugins, env)
     agent = build_agent(plugins, settings, llm)
+    trouble = TroubleLog()
     app = web.Application(
         middlewares=[
             security.middleware(settings),
             json_errors,
-            body_in_time(settings["AGENTIK_BODY_TIMEOUT"]),
+            body_in_time(settings["AGENTIK_BODY_TIMEOUT"], trouble),
         ],
         client_max_size=MAX_BODY,
     )
@@ -282,6 +287,7 @@ def create_app(
     app[AGENT] = agent
     app[SETTINGS] = settings
     app[PLUGINS] = plugins
+    app[TROUBLE] = trouble
     app.router.add_get("/health", health)
     call_startup(
         plugins.hook.register_transports,
@@ -289,7 +295,12 @@ def create_app(
     )
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
+    app.on_cleanup.append(_stop_counting)
     return app
+
+
+async def _stop_counting(app: web.Application) -> None:
+    app[TROUBLE].close()
 
 
 @contextlib.asynccontextmanager

@@ -111,6 +111,13 @@ CORE_SETTINGS = (
         "closed.",
     ),
     Setting(
+        "AGENTIK_MAX_CONNECTIONS",
+        1000,
+        parse_positive_int,
+        "Open connections served at once (SSE streams included); one more gets a 503 and is "
+        "closed. The file-descriptor limit is raised to fit, or the cap lowered with a warning.",
+    ),
+    Setting(
         "AGENTIK_BODY_TIMEOUT",
         30.0,
         parse_positive_float,

@@ -138,18 +138,22 @@ def serve_command(host: str | None, port: int | None) -> int:
 async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
     from aiohttp import web
 
-    # handler_cancellation: an SSE handler whose client left ends at once, not at the next ping
-    from agentik.core.app import SETTINGS, StartupError
+    from agentik.core.app import SETTINGS, TROUBLE, StartupError
+    from agentik.core.listener import Listener, connection_cap
 
+    handler_args = {
+        "access_log": None,
+        # also from the connection's start: a client that sends nothing, or its headers too
+        # slowly to finish a request, is closed after it (aiohttp's idle check)
+        "keepalive_timeout": app[SETTINGS]["AGENTIK_KEEPALIVE_TIMEOUT"],
+    }
     runner = web.AppRunner(
         app,
         shutdown_timeout=shutdown_timeout,
         handle_signals=False,
-        access_log=None,
+        # an SSE handler whose client left ends at once, not at the next ping
         handler_cancellation=True,
-        # also from the connection's start: a client that sends nothing, or its headers too
-        # slowly to finish a request, is closed after it (aiohttp's idle check)
-        keepalive_timeout=app[SETTINGS]["AGENTIK_KEEPALIVE_TIMEOUT"],
+        **handler_args,
     )
     try:
         await runner.setup()
@@ -169,15 +173,22 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    listening: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][:2] if runner.addresses else (host, port)
+        assert runner.server is not None
+        cap = connection_cap(app[SETTINGS]["AGENTIK_MAX_CONNECTIONS"])
+        # not a TCPSite: connections beyond the cap get a 503, aiohttp's own errors JSON
+        listening = await loop.create_server(
+            Listener(runner.server, cap, app[TROUBLE], handler_args), host, port
+        )
+        bound = listening.sockets[0].getsockname()[:2] if listening.sockets else (host, port)
         for line in await banner(app, *bound):
             print(line, flush=True)
         await stop.wait()
         log.info("shutting down")
     finally:
+        if listening is not None:
+            listening.close()  # no new connections; runner.cleanup closes the open ones
         await runner.cleanup()
     log.info("stopped")
 

@@ -64,5 +64,6 @@ def banner_lines() -> list[str]:
                 continue
             ok = next(s for s in op["responses"] if s.startswith("2"))
             sse = "text/event-stream" in op["responses"][ok].get("content", {})
-            lines.append(f"  {method.upper():<4} {path:<43} -> {'SSE' if sse else ok}")
+            route = f"  {method.upper():<4} {path}"  # PATCH and DELETE are longer than GET
+            lines.append(f"{route:<50} -> {'SSE' if sse else ok}")
     return lines
