@@ -306,7 +306,9 @@ async def test_before_compaction_reviews_the_turns_about_to_go(app):
         HistoryItem("assistant", "Nice city!"),
     ]
     await agent.before_compaction(conv, items)
-    assert "User: I moved to Oslo last year.\nAssistant: Nice city!" in llm.review_prompts[0]
+    # the transcript every one-shot call reads (agentik.core.oneshot.render_items)
+    expected = "User: I moved to Oslo last year.\nTool call t({})\nAssistant: Nice city!"
+    assert expected in llm.review_prompts[0]
     [note] = await agent.memory.list("user")
     assert (note.text, note.source) == ("The user lives in Oslo.", "PRE_COMPACTION")
 
@@ -314,11 +316,12 @@ async def test_before_compaction_reviews_the_turns_about_to_go(app):
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_the_curator_archives_notes_never_used(app, backend, caplog):
     caplog.set_level(logging.INFO, logger="agentik.memory")
-    agent = await app(backend, AGENTIK_MEMORY_CURATOR_INTERVAL="0.05", AGENTIK_MEMORY_MAX_AGE="0")
+    # the first pass comes after the notes are saved and one is used (on a busy machine too)
+    agent = await app(backend, AGENTIK_MEMORY_CURATOR_INTERVAL="0.3", AGENTIK_MEMORY_MAX_AGE="0")
     used = await agent.memory.save("user", "The user is a nurse.", "USER")
     await agent.memory.save("user", "The user once visited Oslo.", "AUTO_REVIEW")
     await agent.memory.mark_used([used.id])
-    for _ in range(100):
+    for _ in range(250):
         if await agent.memory.count() == 1:
             break
         await asyncio.sleep(0.02)

@@ -153,6 +153,11 @@ class ChatConversation:
         self._compacting = asyncio.Lock()
         self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
         self._running: str | None = None  # the user message id of the running turn
+        self._turns: int | None = None  # user messages stored, once counted (count_turns)
+        #: plugins' per-conversation state, by plugin name (counters, caches). It lives as long
+        #: as this object: an idle conversation dropped from memory and reloaded starts empty,
+        #: so keep what must last in the store.
+        self.state: dict[str, Any] = {}
 
     # --- the protocol -----------------------------------------------------------------------
 
@@ -212,6 +217,8 @@ class ChatConversation:
         return await asyncio.shield(self._accept(msg, idempotency_key))
 
     async def _accept(self, msg: Message, idempotency_key: str | None = None) -> Message:
+        # a count made while this write waits for its fsync already includes it
+        counted = self._turns is not None
         try:
             stored = await self._store.add_user_message(msg, idempotency_key=idempotency_key)
         except Exception as e:
@@ -222,6 +229,8 @@ class ChatConversation:
             self._sending -= 1
         if stored is not msg:
             return stored  # a retry: the first send queued its turn
+        if counted:
+            self._turns = (self._turns or 0) + 1
         self.updated_at = msg.created_at
         self.agent.touch(self.id)
         self.requeue([msg])
@@ -622,8 +631,11 @@ class ChatConversation:
     # --- what plugins read ------------------------------------------------------------------
 
     async def count_turns(self) -> int:
-        """How many turns this conversation has had (its user messages)."""
-        return await self._store.count_turns(self.id)
+        """How many turns this conversation has had: its user messages, those still queued
+        included. Counted in the store once, then kept up to date by ``send``."""
+        if self._turns is None:
+            self._turns = await self._store.count_turns(self.id)
+        return self._turns
 
     async def recent_turns(self, turns: int) -> list[Message]:
         """The audit records of the last ``turns`` turns, oldest first."""

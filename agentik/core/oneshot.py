@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentik.core.llm import LLMBackend, LLMError
+from agentik.core.llm import HistoryItem, LLMBackend, LLMError
 
 if TYPE_CHECKING:
     from agentik.core.types import Message
@@ -94,27 +94,39 @@ _ROLES = {"user": "User", "assistant": "Assistant", "summary": "Summary"}
 
 
 def render_transcript(messages: Iterable[Message], max_chars: int = 2000) -> str:
-    """Audit records as ``User: …`` / ``Assistant: …`` / ``Tool name(args) -> result`` lines,
-    each cut to ``max_chars`` (errors and empty replies left out)."""
+    """Audit records as ``User: …`` / ``Assistant: …`` / ``Tool call name(args)`` / ``Tool
+    result name: …`` lines, each cut to ``max_chars`` (errors and empty replies left out)."""
     from agentik.core.types import content_from_json, content_text
 
-    lines = []
+    items = []
     for m in messages:
         p = m.payload
         if m.kind == "user":
-            text = content_text(content_from_json(p["content"]))
+            items.append(HistoryItem("user", content_text(content_from_json(p["content"]))))
         elif m.kind in ("assistant", "summary"):
-            text = p.get("text") or ""
-        elif m.kind == "tool_call":
-            lines.append(f"Tool call {p.get('toolName')}({_cut(p.get('argsJson') or '', 500)})")
-            continue
-        elif m.kind == "tool_result":
-            lines.append(f"Tool result {p.get('toolName')}: {_cut(p.get('text') or '', 500)}")
-            continue
-        else:
-            continue
-        if text:
-            lines.append(f"{_ROLES[m.kind]}: {_cut(text, max_chars)}")
+            items.append(HistoryItem(m.kind, p.get("text") or ""))
+        elif m.kind in ("tool_call", "tool_result"):
+            items.append(
+                HistoryItem(
+                    m.kind,
+                    p.get("text") or "",
+                    tool_name=p.get("toolName"),
+                    args_json=p.get("argsJson"),
+                )
+            )
+    return render_items(items, max_chars)
+
+
+def render_items(items: Iterable[HistoryItem], max_chars: int = 2000) -> str:
+    """Working-memory entries as the same lines as :func:`render_transcript`."""
+    lines = []
+    for i in items:
+        if i.role == "tool_call":
+            lines.append(f"Tool call {i.tool_name}({_cut(i.args_json or '', 500)})")
+        elif i.role == "tool_result":
+            lines.append(f"Tool result {i.tool_name}: {_cut(i.text, 500)}")
+        elif i.role in _ROLES and i.text:
+            lines.append(f"{_ROLES[i.role]}: {_cut(i.text, max_chars)}")
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from agentik.core.llm import HistoryItem
+from agentik.core.oneshot import render_items
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
@@ -42,21 +43,8 @@ def summary_prompt(items: list[HistoryItem]) -> str:
     """The prompt for ``items``: the earlier summary (entries of role ``summary``) apart, the
     other entries as a transcript."""
     earlier = "\n\n".join(i.text for i in items if i.role == "summary") or "(none)"
-    lines = []
-    for i in items:
-        if i.role == "user":
-            lines.append(f"User: {_cut(i.text)}")
-        elif i.role == "assistant" and i.text:
-            lines.append(f"Assistant: {_cut(i.text)}")
-        elif i.role == "tool_call":
-            lines.append(f"Tool call {i.tool_name}({_cut(i.args_json or '', 500)})")
-        elif i.role == "tool_result":
-            lines.append(f"Tool result {i.tool_name}: {_cut(i.text, 500)}")
-    return PROMPT.format(summary=earlier, transcript="\n".join(lines) or "(none)")
-
-
-def _cut(text: str, limit: int = MAX_ENTRY_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + " […]"
+    transcript = render_items([i for i in items if i.role != "summary"], MAX_ENTRY_CHARS)
+    return PROMPT.format(summary=earlier, transcript=transcript or "(none)")
 
 
 class Compactor:

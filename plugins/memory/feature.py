@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agentik.core.memory import CATEGORIES, MemoryBackend, Note, NoteError, normalise
-from agentik.core.oneshot import ask_json
+from agentik.core.oneshot import ask_json, render_items
 from agentik.core.tools import Tool, ToolError, tool
 
 if TYPE_CHECKING:
@@ -143,11 +143,10 @@ class MemoryFeature:
         return self.review(conversation_id, transcript, "AUTO_REVIEW")
 
     def review_items(self, conversation_id: str, items: Sequence[HistoryItem]) -> Any:
-        roles = {"user": "User", "assistant": "Assistant", "summary": "Summary"}
-        lines = [f"{roles[i.role]}: {i.text}" for i in items if i.role in roles and i.text]
-        if not lines:
+        transcript = render_items(items)
+        if not transcript:
             return None
-        return self.review(conversation_id, "\n".join(lines), "PRE_COMPACTION")
+        return self.review(conversation_id, transcript, "PRE_COMPACTION")
 
     async def review(self, conversation_id: str, transcript: str, source: str) -> int:
         """Ask the model for the durable facts of ``transcript`` and save the new ones; returns

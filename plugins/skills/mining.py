@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -112,11 +111,12 @@ class SkillMiner:
         self.interval = interval  # 0: never on its own; mine() still works
         self.max_turns = max_turns
         self._running = False
-        # Completed turns of each live conversation: counted in the store (its Assistant
-        # records) the first time one is seen, then one more per after_turn. Counting in the
-        # store at every turn costs O(turns) per turn (B18); the entry goes with the object
-        # (an evicted conversation is counted again when it is reloaded).
-        self._turns: weakref.WeakKeyDictionary[ChatConversation, int] = weakref.WeakKeyDictionary()
+
+    # Completed turns of a live conversation, kept in its ``state``: counted in the store (its
+    # Assistant records) the first time it is seen, then one more per after_turn. Counting in
+    # the store at every turn costs O(turns) per turn (B18); a conversation dropped from
+    # memory and reloaded is counted again.
+    STATE = "agentik_skills.turns"
 
     @property
     def running(self) -> bool:
@@ -127,15 +127,15 @@ class SkillMiner:
         a multiple of the interval, else nothing (no job, no query)."""
         if not self.interval:
             return None
-        count = self._turns.get(conversation)
+        count = conversation.state.get(self.STATE)
         if count is None:  # the first turn of this live object: count in the store, once
             return self._count_then_mine(conversation)
-        self._turns[conversation] = count = count + 1
+        conversation.state[self.STATE] = count = count + 1
         return self._mine_after(conversation, count) if count % self.interval == 0 else None
 
     async def _count_then_mine(self, conversation: ChatConversation) -> None:
         turns = (await _store(conversation).token_stats(conversation.id)).turns
-        self._turns.setdefault(conversation, turns)
+        conversation.state.setdefault(self.STATE, turns)
         if turns and turns % self.interval == 0:
             await self._mine_after(conversation, turns)
 

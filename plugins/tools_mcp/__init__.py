@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -53,8 +52,8 @@ SETTINGS = (
     ),
 )
 
-#: the running MCP tools of each agent (for the banner); an app may be built more than once
-_running: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+#: where the running MCP tools of an agent are kept, in ``agent.state`` (for the banner)
+STATE = "agentik_tools_mcp"
 
 
 @hookimpl
@@ -105,10 +104,10 @@ async def mcp_service(agent: Any, settings: Settings, path: Path) -> AsyncIterat
     try:
         for t in await tools.start(taken=agent.tools.names()):
             agent.tools.add(t)
-        _running[agent] = tools
+        agent.state[STATE] = tools
         yield tools
     finally:
-        _running.pop(agent, None)
+        agent.state.pop(STATE, None)
         await tools.aclose()
 
 
@@ -122,7 +121,7 @@ def quiet_libraries() -> None:
 
 @hookimpl
 def banner_lines(agent: Any) -> list[str] | None:
-    tools = _running.get(agent)
+    tools = agent.state.get(STATE)
     return tools.banner() if tools is not None else None
 
 
