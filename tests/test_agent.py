@@ -704,3 +704,31 @@ async def test_an_alias_finds_the_same_conversation_after_a_restart(make_agent, 
     await agent.delete_conversation(first.id)
     fresh = await agent.aliased_conversation("agui", "thread-1")
     assert fresh.id != first.id
+
+
+async def test_a_keyed_send_committed_but_not_confirmed_runs_when_the_client_retries(
+    make_agent, monkeypatch
+):
+    """The fsync after the commit fails: the client gets an error although the message is
+    stored. Its retry with the same key finds that message and runs its turn, once."""
+    agent = await make_agent(ScriptedLLM())
+    conv = await agent.create_conversation()
+    db = agent.store.db
+    real = db._sync_wal
+
+    def failing_once() -> None:
+        monkeypatch.setattr(db, "_sync_wal", real)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(db, "_sync_wal", failing_once)
+    with pytest.raises(OSError):
+        await conv.send(text("hello"), idempotency_key="k1")
+    await conv.wait_idle()
+    assert kinds(await conv.get_messages()) == ["user"]  # stored, not run
+    retried = await conv.send(text("hello"), idempotency_key="k1")
+    await conv.wait_idle()
+    msgs = await conv.get_messages()
+    assert kinds(msgs) == ["user", "assistant"] and msgs[0].id == retried.id
+    again = await conv.send(text("hello"), idempotency_key="k1")  # a third time: nothing
+    await conv.wait_idle()
+    assert again.id == retried.id and kinds(await conv.get_messages()) == ["user", "assistant"]

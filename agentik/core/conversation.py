@@ -154,6 +154,7 @@ class ChatConversation:
         self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
         self._running: str | None = None  # the user message id of the running turn
         self._turns: int | None = None  # user messages stored, once counted (count_turns)
+        self._unconfirmed: set[str] = set()  # keyed sends whose write raised (see _accept)
         #: plugins' per-conversation state, by plugin name (counters, caches). It lives as long
         #: as this object: an idle conversation dropped from memory and reloaded starts empty,
         #: so keep what must last in the store.
@@ -224,11 +225,18 @@ class ChatConversation:
         except Exception as e:
             if self._closed:  # deleted while the write waited
                 raise ConversationClosed(f"conversation {self.id} was deleted") from e
+            if idempotency_key is not None:
+                # the commit may have happened all the same (the fsync after it failed): the
+                # client's retry with this key finds the message, and runs it then
+                self._unconfirmed.add(msg.id)
             raise
         finally:
             self._sending -= 1
         if stored is not msg:
-            return stored  # a retry: the first send queued its turn
+            if stored.id not in self._unconfirmed:
+                return stored  # a retry: the first send queued its turn
+            self._unconfirmed.discard(stored.id)  # stored, but its sender got an error
+            msg = stored
         if counted:
             self._turns = (self._turns or 0) + 1
         self.updated_at = msg.created_at
