@@ -321,6 +321,23 @@ async def test_a_rebuild_from_memory_with_a_tool_round(backend):
     await conv.aclose()
 
 
+async def test_a_rebuild_that_ends_in_tool_results_answers_them(backend):
+    """Compacted in the middle of a tool loop: the rebuilt conversation's memory ends with this
+    step's tool results, and the engine asks for the next step with no new input."""
+    history = [
+        HistoryItem("user", f"{TRIGGER} please"),
+        HistoryItem("tool_call", call_id="c1", tool_name="echo", args_json='{"text": "hi"}'),
+        HistoryItem("tool_result", "HI", call_id="c1", tool_name="echo"),
+    ]
+    conv = backend.create_conversation("sys", history, [ECHO])
+    assert text_of([c async for c in conv.stream([])]) == REPLY
+    # and it goes on as usual; with nothing pending, an empty step is refused clearly
+    assert text_of([c async for c in conv.stream([UserInput("hi")])]) == REPLY
+    with pytest.raises(LLMError, match="nothing to send"):
+        [c async for c in conv.stream([])]
+    await conv.aclose()
+
+
 async def test_shutdown_closes_live_conversations_before_the_engine(tmp_path):
     b = LiteRtBackend(check_model(MODEL), threads=1, cache_dir=tmp_path)
     await b.start()
