@@ -389,12 +389,16 @@ async def test_system_prompt_sections_in_order_and_a_failing_one_is_left_out(mak
             (0, "soul", lambda: "You are Ada."),
             (50, "broken", broken),
             (200, "empty", lambda: None),
+            # a section that reads what its plugin keeps on the agent
+            (300, "stateful", lambda agent: agent.state.get("mood")),
         ],
     )
     conv = await agent.create_conversation()
     await conv.send(text("hi"))
     await conv.wait_idle()
     assert llm.prompts == ["You are Ada.\n\nBe brief."]
+    agent.state["mood"] = "Cheerful today."
+    assert agent.system_prompt() == "You are Ada.\n\nBe brief.\n\nCheerful today."
 
 
 async def test_idle_conversations_beyond_the_cap_are_dropped_from_memory(make_agent):

@@ -8,9 +8,10 @@ A conversation lives here, not in a transport: transports only call :class:`Chat
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from agentik.core.conversation import (
@@ -63,6 +64,10 @@ class ChatAgent:
         self.memory = memory
         self.tools = tools or ToolRegistry()
         self.prompt_sections = sorted(prompt_sections, key=lambda s: s[0])
+        # a render may take the agent (the state its plugin keeps on it) or nothing
+        self._renders = [
+            (name, _takes_agent(render), render) for _, name, render in self.prompt_sections
+        ]
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
@@ -283,9 +288,9 @@ class ChatAgent:
 
     def system_prompt(self) -> str:
         parts = []
-        for _order, name, render in self.prompt_sections:
+        for name, takes_agent, render in self._renders:
             try:
-                text = render()
+                text = render(self) if takes_agent else render()
             except Exception:
                 log.exception("system prompt section %s failed; left out", name)
                 continue
@@ -338,3 +343,15 @@ class ChatAgent:
         for plugin, result in results:
             if isinstance(result, Awaitable):
                 self.jobs.spawn(f"after_turn of plugin {plugin} in {conv.id}", result)
+
+
+def _takes_agent(render: Callable[..., Any]) -> bool:
+    """Whether a prompt section's ``render`` takes the agent: ``render(agent)``, not
+    ``render()``."""
+    try:
+        params = inspect.signature(render).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called as render()
+        return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+    )

@@ -174,7 +174,7 @@ def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
 def collect_prompt_sections(plugins: Plugins, settings: Settings) -> list[PromptSection]:
     sections: list[PromptSection] = []
 
-    def register(name: str, render: Callable[[], str | None], order: int = 100) -> None:
+    def register(name: str, render: Callable[..., str | None], order: int = 100) -> None:
         sections.append((order, name, render))
 
     call_startup(plugins.hook.register_prompt_sections, register=register, settings=settings)

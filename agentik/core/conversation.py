@@ -70,7 +70,8 @@ log = logging.getLogger(__name__)
 RESTART_ERROR = "the turn was cut off by a server restart"
 #: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
 INTERRUPTED_MARK = "[interrupted by the user]"
-PromptSection = tuple[int, str, Callable[[], str | None]]
+#: ``(order, name, render)``: ``render(agent)`` or ``render()`` gives the section's text
+PromptSection = tuple[int, str, Callable[..., str | None]]
 
 
 def new_id(prefix: str) -> str:

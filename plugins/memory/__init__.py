@@ -76,21 +76,16 @@ def register_settings(register: Callable[[Setting], None]) -> None:
         register(setting)
 
 
-class MemoryPrompt:
+def memory_prompt(agent: Any) -> str | None:
     """The system prompt section: said only once the memory service is up (the default backend
     may be missing, and then there are no memory tools to tell the model about)."""
-
-    def __init__(self) -> None:
-        self.on = False
-
-    def __call__(self) -> str | None:
-        return PROMPT if self.on else None
+    return PROMPT if feature_of(agent) is not None else None
 
 
 @hookimpl
 def register_prompt_sections(register: Callable[..., Any], settings: Settings) -> None:
     if not memory_off(settings):
-        register("memory", MemoryPrompt(), order=300)
+        register("memory", memory_prompt, order=300)
 
 
 @hookimpl
@@ -109,15 +104,10 @@ async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
     for t in feature.tools():
         agent.tools.add(t)
     agent.state["agentik_memory"] = feature
-    sections = [r for _, name, r in agent.prompt_sections if isinstance(r, MemoryPrompt)]
-    for section in sections:
-        section.on = True
     try:
         yield feature
     finally:
         agent.state.pop("agentik_memory", None)
-        for section in sections:
-            section.on = False
 
 
 @hookimpl

@@ -20,7 +20,6 @@ from agentik.hookspecs import hookimpl
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
     from agentik.core.conversation import ChatConversation
-    from agentik_reflection.reflector import Reflector
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,10 @@ SECTION = "reflection"
 SECTION_ORDER = 400
 
 
-class WeakSpots:
-    """The system prompt section; its reflector is attached when the server starts."""
-
-    def __init__(self) -> None:
-        self.reflector: Reflector | None = None
-
-    def __call__(self) -> str | None:
-        return self.reflector.prompt_section() if self.reflector is not None else None
+def weak_spots(agent: ChatAgent) -> str | None:
+    """The system prompt section: the agent's latest weak spots, once its reflector runs."""
+    reflector = agent.state.get("agentik_reflection")
+    return reflector.prompt_section() if reflector is not None else None
 
 
 @hookimpl
@@ -63,7 +58,7 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 @hookimpl
 def register_prompt_sections(register: Callable[..., None], settings: Settings) -> None:
     if settings["AGENTIK_REFLECTION_INTERVAL"] and settings["AGENTIK_REFLECTION_TOP_K"]:
-        register(SECTION, WeakSpots(), order=SECTION_ORDER)
+        register(SECTION, weak_spots, order=SECTION_ORDER)
 
 
 @hookimpl
@@ -85,9 +80,6 @@ def register_services(register: Callable[..., None], agent: ChatAgent, settings:
         r = Reflector(agent, db, model, interval, settings["AGENTIK_REFLECTION_TOP_K"])
         await r.load()
         agent.state["agentik_reflection"] = r
-        for _order, name, render in agent.prompt_sections:
-            if name == SECTION and isinstance(render, WeakSpots):
-                render.reflector = r
         try:
             yield
         finally:
