@@ -152,7 +152,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
     procs: list[Process] = []
 
     def start(env: dict[str, str], *, wait: bool = True) -> tuple[Process, str]:
-        port = free_port()
+        port = int(env.get("AGENTIK_PORT") or free_port())  # a restart may keep its port
         full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
         full.update(
             {
