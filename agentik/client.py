@@ -21,6 +21,7 @@ an HTTP error is raised as :class:`APIError` with the server's code and message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
@@ -361,6 +362,8 @@ class RemoteEventStream:
         self._opening.add_done_callback(agent._opening.discard)
         self._opening.add_done_callback(lambda f: f.cancelled() or f.exception())  # read later
         agent._streams.add(self)
+        self._resp: aiohttp.ClientResponse | None = None  # the connection being read
+        self._closed = False
         self._gen = self._read()
 
     def __aiter__(self) -> RemoteEventStream:
@@ -370,19 +373,25 @@ class RemoteEventStream:
         return self._gen.__anext__()
 
     async def aclose(self) -> None:
+        """Stop reading; a task waiting for the next event gets ``StopAsyncIteration``."""
+        self._closed = True
         self.agent._streams.discard(self)
-        await self._gen.aclose()
         if not self._opening.done():
             self._opening.cancel()
         elif not self._opening.cancelled() and self._opening.exception() is None:
             resp = self._opening.result()
             if resp is not None:
                 resp.close()
+        if self._resp is not None:
+            self._resp.close()  # wakes a reader in another task, which then stops
+        with contextlib.suppress(RuntimeError):  # "already running": that reader stops itself
+            await self._gen.aclose()
 
     async def _read(self) -> AsyncGenerator[Event, None]:
         resp: aiohttp.ClientResponse | None = await self._opening
         try:
-            while resp is not None:
+            while resp is not None and not self._closed:
+                self._resp = resp
                 buffer = b""
                 try:
                     while chunk := await resp.content.readany():
@@ -397,8 +406,9 @@ class RemoteEventStream:
                 except NETWORK_ERRORS:
                     pass  # dropped: resume below
                 resp.close()
-                resp = None
-                resp = await self._connect(first=False)
+                resp = self._resp = None
+                if not self._closed:
+                    resp = await self._connect(first=False)
         finally:
             if resp is not None:
                 resp.close()

@@ -338,6 +338,15 @@ async def test_http_errors_carry_the_server_code_and_message(serve, fake_openai_
         with pytest.raises(NotFound):
             await turn(conv.events(), timeout=5)
 
+        # closing the client ends a stream another task is reading, quietly
+        async def read_all(stream: Any) -> list[Event]:
+            return [event async for event in stream]
+
+        reader = asyncio.ensure_future(read_all(agent.events()))
+        await asyncio.sleep(0.2)
+        await agent.close()
+        assert await asyncio.wait_for(reader, 5) == []
+
 
 async def test_an_unreachable_server_fails_clearly_and_in_time():
     url = f"http://127.0.0.1:{free_port()}"
