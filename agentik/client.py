@@ -414,7 +414,13 @@ class RemoteEventStream:
                 resp.close()
 
     def _parse(self, frame: bytes) -> Event | None:
-        data: list[bytes] = []
+        if frame.startswith(b"id: "):  # the server's layout: "id: N\nevent: T\ndata: JSON"
+            end = frame.find(b"\n")
+            start = frame.find(b"\ndata: ", end)
+            if end > 0 and start > 0 and frame.find(b"\n", start + 7) < 0:
+                self.last_event_id = int(frame[4:end])
+                return event_from_json(json.loads(frame[start + 7 :]))
+        data: list[bytes] = []  # any other layout the SSE format allows
         for line in frame.split(b"\n"):
             if line.startswith(b"data:"):
                 data.append(line[6:] if line[5:6] == b" " else line[5:])

@@ -385,3 +385,34 @@ async def test_the_api_key_from_the_option_or_the_environment(serve, fake_openai
             await conv.send([TextPart("with a key")])
             assert text_of(await turn(events)) == "echo: with a key"
             await events.aclose()
+
+
+async def test_any_sse_layout_is_read_and_unknown_events_are_skipped(aiohttp_server):
+    """Frames as the SSE format allows them, not only as agentik writes them."""
+    from aiohttp import web
+
+    body = (
+        b": a comment\n\n"
+        b'event: AppendText\nid: 11\ndata: {"type": "AppendText",\ndata: "text": "a"}\n\n'
+        b"id: 12\n\n"  # an id alone moves the resume point
+        b'id: 13\nevent: Future\ndata: {"type": "SomethingNew"}\n\n'
+        b'id: 14\nevent: End\ndata:{"type":"End"}\n\n'
+    )
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(body), 7):  # in small pieces, frames split anywhere
+            await resp.write(body[i : i + 7])
+        await asyncio.sleep(10)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/agentik/events", events)
+    server = await aiohttp_server(app)
+    async with RemoteAgent(str(server.make_url(""))) as agent:
+        stream = agent.events()
+        got = await turn(stream, timeout=5)
+        assert got == [AppendText("a"), End()]
+        assert stream.last_event_id == 14
+        await stream.aclose()

@@ -11,8 +11,9 @@ import asyncio
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
+from agentik.client import ClientError, RemoteAgent, RemoteConversation, RemoteEventStream
 from agentik.core.types import (
     AppendText,
     Compacted,
@@ -28,9 +29,6 @@ from agentik.core.types import (
     ToolResult,
     Truncated,
 )
-
-if TYPE_CHECKING:
-    from agentik.client import RemoteAgent, RemoteConversation, RemoteEventStream
 
 HELP = "Type a message. /new, /list, /open N, /history, /quit. Ctrl-C stops a reply, twice leaves."
 LIST_SIZE = 10
@@ -260,14 +258,18 @@ class Chat:
             line = line.strip()
             if not line:
                 continue
-            if line.startswith("/"):
-                if not await self.command(line):
-                    break
-                continue
-            assert self.conv is not None
-            self.turn_over.clear()
-            await self.conv.send([TextPart(line)])
-            await self.wait_turn()
+            try:
+                if line.startswith("/"):
+                    if not await self.command(line):
+                        break
+                    continue
+                assert self.conv is not None
+                self.turn_over.clear()
+                await self.conv.send([TextPart(line)])
+                await self.wait_turn()
+            except ClientError as e:  # the session goes on: the server may be back soon
+                self.say(f"[{e}]")
+                self.turn_over.set()
         self.say("bye")
 
     async def next_line(self) -> str | None:
@@ -290,7 +292,7 @@ class Chat:
 
 
 async def chat(url: str, key: str | None, conversation_id: str | None, new: bool) -> int:
-    from agentik.client import APIError, ClientError, RemoteAgent, Unauthorized
+    from agentik.client import APIError, Unauthorized
     from agentik.core.cli import fail
 
     loop = asyncio.get_running_loop()
