@@ -113,6 +113,12 @@ async def _api_error(resp: aiohttp.ClientResponse) -> APIError:
     return kind(resp.status, code, message)
 
 
+def _why(error: Exception) -> str:
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return f"{type(error).__name__}: {error}" if not isinstance(error, APIError) else str(error)
+
+
 def _info(data: dict[str, Any]) -> ConversationInfo:
     return ConversationInfo(
         data["id"],
@@ -255,11 +261,11 @@ class RemoteAgent:
                     failure: Exception = error
             except NETWORK_ERRORS as e:
                 if not retry:
-                    raise ConnectionFailed(f"{method} {path}: {type(e).__name__}: {e}") from e
+                    raise ConnectionFailed(f"{method} {path}: {_why(e)}") from e
                 failure = e
             if loop.time() + delay > deadline:
                 raise ConnectionFailed(
-                    f"{method} {path}: gave up after {self.retry_for:g} s: {failure}"
+                    f"{method} {path}: gave up after {self.retry_for:g} s: {_why(failure)}"
                 ) from failure
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -463,7 +469,7 @@ class RemoteEventStream:
                 failure = error
             if loop.time() + delay > deadline:
                 raise ConnectionFailed(
-                    f"event stream {self.url}: gave up after {agent.retry_for:g} s: {failure}"
+                    f"event stream {self.url}: gave up after {agent.retry_for:g} s: {_why(failure)}"
                 ) from failure
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)

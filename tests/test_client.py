@@ -416,3 +416,41 @@ async def test_any_sse_layout_is_read_and_unknown_events_are_skipped(aiohttp_ser
         assert got == [AppendText("a"), End()]
         assert stream.last_event_id == 14
         await stream.aclose()
+
+
+async def test_a_silent_stream_reconnects_from_its_last_id_and_slow_requests_time_out(
+    aiohttp_server,
+):
+    """A connection that stops sending (no event, no ping) for ``stream_idle`` seconds counts
+    as dropped: the stream reconnects with Last-Event-ID. A request that hangs times out."""
+    from aiohttp import web
+
+    seen: list[str | None] = []
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Last-Event-ID"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if len(seen) == 1:
+            await resp.write(b'id: 41\nevent: StartResponse\ndata: {"type":"StartResponse"}\n\n')
+        else:
+            await resp.write(b'id: 42\nevent: End\ndata: {"type":"End"}\n\n')
+        await asyncio.sleep(30)  # then silence, as a half-open connection would be
+        return resp
+
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/agentik/events", events)
+    app.router.add_get("/agentik/conversations", hang)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    async with RemoteAgent(url, stream_idle=0.5, timeout=0.3, retry_for=0.8) as agent:
+        stream = agent.events()
+        assert await turn(stream, timeout=10) == [StartResponse(), End()]
+        assert seen == [None, "41"]
+        await stream.aclose()
+        with pytest.raises(ConnectionFailed, match=r"gave up after 0\.8 s: timed out"):
+            await agent.list_conversations()
