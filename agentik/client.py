@@ -119,6 +119,26 @@ def _why(error: Exception) -> str:
     return f"{type(error).__name__}: {error}" if not isinstance(error, APIError) else str(error)
 
 
+class _Retries:
+    """The waits between tries of one thing: growing delays, then :class:`ConnectionFailed`
+    once ``seconds`` have passed."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.seconds = seconds
+        self.deadline = self.loop.time() + seconds
+        self.what = what
+        self.delay = 0.05
+
+    async def wait(self, failure: Exception) -> None:
+        if self.loop.time() + self.delay > self.deadline:
+            raise ConnectionFailed(
+                f"{self.what}: gave up after {self.seconds:g} s: {_why(failure)}"
+            ) from failure
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 1.0)
+
+
 def _info(data: dict[str, Any]) -> ConversationInfo:
     return ConversationInfo(
         data["id"],
@@ -239,9 +259,7 @@ class RemoteAgent:
             await asyncio.wait(list(self._opening), timeout=self.timeout)
         if retry is None:
             retry = method in ("GET", "PATCH")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_for
-        delay = 0.05
+        retries = _Retries(self.retry_for, f"{method} {path}")
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         while True:
             try:
@@ -263,12 +281,7 @@ class RemoteAgent:
                 if not retry:
                     raise ConnectionFailed(f"{method} {path}: {_why(e)}") from e
                 failure = e
-            if loop.time() + delay > deadline:
-                raise ConnectionFailed(
-                    f"{method} {path}: gave up after {self.retry_for:g} s: {_why(failure)}"
-                ) from failure
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await retries.wait(failure)
 
 
 class RemoteConversation:
@@ -440,9 +453,7 @@ class RemoteEventStream:
         """The stream's response, from ``last_event_id``; None when the conversation is gone
         (a reconnect answered 404)."""
         agent = self.agent
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + agent.retry_for
-        delay = 0.05
+        retries = _Retries(agent.retry_for, f"event stream {self.url}")
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=agent.timeout, sock_read=agent.stream_idle
         )
@@ -467,9 +478,4 @@ class RemoteEventStream:
                 if error.status not in RETRYABLE_STATUS:
                     raise error
                 failure = error
-            if loop.time() + delay > deadline:
-                raise ConnectionFailed(
-                    f"event stream {self.url}: gave up after {agent.retry_for:g} s: {_why(failure)}"
-                ) from failure
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await retries.wait(failure)
