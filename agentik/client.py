@@ -170,6 +170,8 @@ class RemoteAgent:
         stream_idle: float = 60.0,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ClientError(f"the URL must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.api_key = api_key if api_key is not None else key_from_environment()
         self.timeout = timeout

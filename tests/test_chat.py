@@ -115,3 +115,23 @@ def test_a_chat_with_no_server_says_so():
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 2
+
+
+def test_a_bad_url_or_key_is_one_line_and_status_2():
+    import subprocess
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTIK_")}
+    for args, env, said in [
+        (["--url", "localhost:8080"], {}, "the URL must start with http:// or https://"),
+        ([], {"AGENTIK_API_KEY": "short"}, "AGENTIK_API_KEY: every key must be at least 16"),
+    ]:
+        done = subprocess.run(
+            [str(BIN / "agentik"), "chat", *args],
+            env={**clean, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2
+        [line] = done.stderr.strip().splitlines()  # one line, no traceback
+        assert line.startswith(f"agentik: error: {said}")

@@ -292,23 +292,30 @@ class Chat:
 
 
 async def chat(url: str, key: str | None, conversation_id: str | None, new: bool) -> int:
-    from agentik.client import APIError, Unauthorized
+    from agentik.client import APIError, ConnectionFailed, Unauthorized
     from agentik.core.cli import fail
 
     loop = asyncio.get_running_loop()
-    async with RemoteAgent(url, api_key=key, retry_for=5.0) as agent:
+    try:
+        agent = RemoteAgent(url, api_key=key, retry_for=5.0)
+    except ClientError as e:  # a bad URL or AGENTIK_API_KEY
+        return fail(str(e))
+    async with agent:
         session = Chat(agent)
         fd = sys.stdin.fileno()
-        loop.add_reader(fd, session.on_input, fd)
+        try:
+            loop.add_reader(fd, session.on_input, fd)
+        except OSError:  # a regular file: epoll cannot watch it
+            return fail("agentik chat reads a terminal or a pipe")
         loop.add_signal_handler(signal.SIGINT, session.on_interrupt)
         try:
             await session.run(conversation_id, new)
         except Unauthorized as e:
             return fail(f"{url} refused the API key ({e.message}): give --key or AGENTIK_API_KEY")
-        except APIError as e:
-            return fail(f"{url}: {e}")
+        except ConnectionFailed as e:
+            return fail(f"cannot reach {url}: {e}")
         except (ClientError, LookupError) as e:
-            return fail(f"cannot reach {url}: {e}" if not isinstance(e, LookupError) else str(e))
+            return fail(str(e) if isinstance(e, LookupError | APIError) else f"{url}: {e}")
         finally:
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_reader(fd)
