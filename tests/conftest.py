@@ -152,7 +152,8 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
     procs: list[Process] = []
 
     def start(env: dict[str, str], *, wait: bool = True) -> tuple[Process, str]:
-        port = free_port()
+        given = env.get("AGENTIK_PORT", "")  # a restart may keep its port
+        port = int(given) if given.isdigit() else free_port()
         full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
         full.update(
             {

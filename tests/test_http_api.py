@@ -218,6 +218,29 @@ async def test_last_event_id_resume_gets_every_missed_event_once_in_order(aiohtt
     by_query.close()
 
 
+async def test_a_stream_says_where_it_starts_so_an_early_drop_loses_nothing(aiohttp_client):
+    client = await aiohttp_client(make_app(llm=ScriptedLLM(["a ", "b"])))
+    cid = await new_conv(client)
+    for path in (f"/agentik/conversations/{cid}/events", "/agentik/events"):
+        head = await client.head(path)
+        assert head.headers["Last-Event-ID"].isdigit()
+    early = await client.get(f"/agentik/conversations/{cid}/events")
+    start = early.headers["Last-Event-ID"]
+    early.close()  # dropped before any event; the turn is sent meanwhile
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    await finish_turn(client, cid)
+    resumed = await client.get(
+        f"/agentik/conversations/{cid}/events", headers={"Last-Event-ID": start}
+    )
+    assert resumed.headers["Last-Event-ID"] == start
+    frames = await read_sse(resumed)
+    resumed.close()
+    assert [f["event"] for f in frames] == ["StartResponse", "AppendText", "AppendText", "End"]
+    agent_events = await client.get("/agentik/events", headers={"Last-Event-ID": "5"})
+    assert agent_events.headers["Last-Event-ID"] == "5"
+    agent_events.close()
+
+
 async def test_two_hundred_sse_subscribers_all_get_the_whole_turn(aiohttp_client):
     client = await aiohttp_client(make_app(llm=ScriptedLLM([f"w{i} " for i in range(30)])))
     cid = await new_conv(client)

@@ -268,6 +268,11 @@ class ChatAgent:
         started or ended) after ``after``; None: from this call on."""
         return unwrap_events(self.event_items(after))
 
+    @property
+    def last_event_id(self) -> int:
+        """The sequence id of the newest agent-level event."""
+        return self._events.last_seq
+
     def event_items(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """:meth:`events` with their sequence ids, for transports."""
         return self._events.subscribe(self._events.last_seq if after is None else after)

@@ -42,7 +42,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="print every declared setting as a Markdown table (for docs)",
     )
+    chat = sub.add_parser("chat", help="chat with a running agentik in this terminal")
+    chat.add_argument(
+        "--url", default="http://localhost:8080", help="the server (default: %(default)s)"
+    )
+    chat.add_argument("--key", help="the API key (default: AGENTIK_API_KEY)")
+    chat.add_argument("--conversation", metavar="ID", help="continue this conversation")
+    chat.add_argument("--new", action="store_true", help="start a new conversation")
     args = parser.parse_args(argv)
+    if args.command == "chat":
+        from agentik.core.chat import chat_command
+
+        return chat_command(args.url, args.key, args.conversation, args.new)
     if args.command == "serve":
         return serve_command(args.host, args.port)
     if args.command == "plugins":

@@ -269,6 +269,11 @@ class ChatConversation:
         task.cancel()
         return True
 
+    async def ainterrupt(self) -> bool:
+        """:meth:`interrupt` for code written against the agent protocol
+        (:class:`agentik.core.protocol.Conversation`), where it may be a request to a server."""
+        return self.interrupt()
+
     def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
         """The live events themselves (``StartResponse``, ``AppendText``…, ``End``) after the
         sequence id ``after``; None: from this call on, not from the first read, so a reader

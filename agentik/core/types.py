@@ -370,3 +370,55 @@ class ConversationInfo:
     is_temporal: bool
     created_at: datetime
     updated_at: datetime
+
+
+# --- the wire form read back (clients of the HTTP API) --------------------------------------
+
+AGENT_EVENT_KINDS = frozenset(
+    {
+        "ConversationCreated",
+        "ConversationUpdated",
+        "ConversationDeleted",
+        "TurnStarted",
+        "TurnEnded",
+    }
+)
+_EVENT_READERS: dict[str, Any] = {
+    "StartReasoning": lambda d: StartReasoning(),
+    "StartResponse": lambda d: StartResponse(),
+    "AppendText": lambda d: AppendText(d["text"], bool(d.get("reasoning", False))),
+    "ToolCall": lambda d: ToolCall(d["callId"], d["toolName"], d["argsJson"]),
+    "ToolResult": lambda d: ToolResult(d["resultId"], d["callId"], d["text"], d["isError"]),
+    "End": lambda d: End(),
+    "Interrupted": lambda d: Interrupted(),
+    "Truncated": lambda d: Truncated(),
+    "Error": lambda d: Error(d["message"], d.get("code")),
+    "Compacted": lambda d: Compacted(d["summaryId"], d["tokensBefore"], d["tokensAfter"]),
+    "Gap": lambda d: Gap(d["after"]),
+}
+
+
+def event_from_json(raw: JSON) -> Event | None:
+    """The event whose ``to_json()`` gave ``raw``; None for a type this version does not know
+    (a newer server's, or a plugin's). Raises ``KeyError`` for a known type missing a field."""
+    kind = str(raw.get("type"))
+    reader = _EVENT_READERS.get(kind)
+    if reader is not None:
+        return reader(raw)  # type: ignore[no-any-return]
+    if kind in AGENT_EVENT_KINDS:
+        return AgentEvent(kind, raw["conversationId"])
+    return None
+
+
+def message_from_json(raw: JSON) -> Message:
+    """The record whose ``to_json()`` gave ``raw``."""
+    payload = {
+        k: v for k, v in raw.items() if k not in ("id", "conversationId", "type", "createdAt")
+    }
+    return Message(
+        raw["id"],
+        raw["conversationId"],
+        raw["type"],
+        datetime.fromisoformat(raw["createdAt"]),
+        payload,
+    )

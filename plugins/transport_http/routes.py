@@ -240,15 +240,20 @@ async def list_messages(request: web.Request) -> web.Response:
 async def conversation_events(request: web.Request) -> web.StreamResponse:
     conv = await conversation_or_404(request)
     after = resume_point(request)
+    if after is None:  # from now: said in a header, so a client resumes from there
+        after = conv.last_event_id
     hub = request.app[HUB]
-    return await hub.serve(request, conv.event_batches(after, hub.linger))
+    return await hub.serve(request, conv.event_batches(after, hub.linger), after)
 
 
 @routes.get("/events")
 async def agent_events(request: web.Request) -> web.StreamResponse:
     after = resume_point(request)
+    agent: ChatAgent = request.app[AGENT]
+    if after is None:
+        after = agent.last_event_id
     hub = request.app[HUB]
-    return await hub.serve(request, request.app[AGENT].event_batches(after, hub.linger))
+    return await hub.serve(request, agent.event_batches(after, hub.linger), after)
 
 
 @routes.get("/conversations/{id}/stats")

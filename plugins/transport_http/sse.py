@@ -68,14 +68,21 @@ class StreamHub:
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def serve(
-        self, request: web.Request, batches: AsyncIterator[list[StreamItem]]
+        self,
+        request: web.Request,
+        batches: AsyncIterator[list[StreamItem]],
+        after: int | None = None,
     ) -> web.StreamResponse:
-        """Stream event batches until the log ends or the client leaves; one write a batch."""
+        """Stream event batches until the log ends or the client leaves; one write a batch.
+        ``after``: the event id the stream starts after, sent as the ``Last-Event-ID``
+        response header (a client that loses the connection before the first event resumes
+        from it)."""
+        headers = HEADERS if after is None else {**HEADERS, "Last-Event-ID": str(after)}
         if request.method == "HEAD":  # the headers a GET would get, and no stream
             with contextlib.suppress(Exception):
                 await batches.aclose()  # type: ignore[attr-defined]
-            return web.Response(headers=HEADERS)
-        resp = web.StreamResponse(headers=HEADERS)
+            return web.Response(headers=headers)
+        resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
         self.streams[resp] = (request, asyncio.current_task())
         if self._heartbeat is None:
