@@ -101,8 +101,9 @@ def register_prompt_sections(register: Callable[..., None], settings: Settings) 
 
     ``register(name, render, order=100)``: ``render(agent)`` (or ``render()``, when it takes
     no argument) returns the section's text (or ``None`` to leave it out) each time a live LLM
-    conversation is built; the agent gives it the state its plugin keeps in ``agent.state``. Sections are joined
-    by blank lines, lowest ``order`` first: the persona uses 0, the base prompt 100.
+    conversation is built; the agent gives it the state its plugin keeps in ``agent.state``.
+    Sections are joined by blank lines, lowest ``order`` first: the persona uses 0, the base
+    prompt 100.
     """
 
 
