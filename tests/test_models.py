@@ -301,3 +301,36 @@ def test_progress_in_logs_is_a_line_per_tenth(caplog):
             bar.update(50_000)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"m.litertlm: {p}% ({human(p * 20_000)} of 2 MB)" for p in range(10, 101, 10)]
+
+
+def test_a_full_disk_is_one_line(hub, tmp_path):
+    import hashlib
+
+    etag = hashlib.sha256(MODEL.read_bytes()).hexdigest()
+    part = tmp_path / "models" / ".partial" / REPO / f"{FILE}.{etag}.part"
+    part.parent.mkdir(parents=True)
+    part.symlink_to("/dev/full")  # every write there fails with ENOSPC
+    failed = agentik("models", "pull", env=model_env(hub, tmp_path))
+    assert failed.returncode == 2
+    line = one_line(failed.stderr)
+    assert "the disk is full" in line and "AGENTIK_MODELS_DIR" in line, line
+
+
+def test_a_cached_model_is_used_without_importing_the_hub_client(hub, tmp_path):
+    import sys
+
+    env = model_env(hub, tmp_path)
+    assert agentik("models", "pull", env=env).returncode == 0
+    code = (
+        "import sys; from agentik.core.app import load_settings; "
+        "from agentik.core.plugins import make_plugins; "
+        "from agentik_llm_litert.models import resolve; "
+        "print(resolve(load_settings(make_plugins()))); "
+        "print(sorted(m for m in ('huggingface_hub', 'httpx2') if m in sys.modules))"
+    )
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**full, **env}, capture_output=True, text=True
+    )
+    assert out.stdout.splitlines()[-1] == "[]", out
+    assert f"{REPO}, cached in" in out.stdout and len(hub.requests) == 2
