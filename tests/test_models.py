@@ -105,6 +105,19 @@ def test_the_backend_is_chosen_from_what_is_configured(env, chosen):
         assert why == chosen[1]
 
 
+def test_without_the_on_device_backend_nothing_configured_asks_for_an_endpoint():
+    from agentik.core.app import StartupError, select_llm
+    from agentik.core.testing import test_plugins
+
+    plugins = test_plugins(builtins=["agentik_llm_openai"])  # litert left out
+    with pytest.raises(StartupError) as err:
+        select_llm(plugins, load_settings(plugins, {}))
+    assert str(err.value).startswith(
+        "no LLM is configured and the default AGENTIK_LLM_BACKEND='litert': unknown llm backend"
+    )
+    assert "OPENAI_BASE_URL=http://localhost:11434/v1" in str(err.value)
+
+
 def test_explicit_openai_without_its_variables_keeps_the_endpoint_hint(serve):
     proc, _ = serve({"AGENTIK_LLM_BACKEND": "openai"}, wait=False)
     assert proc.proc.wait(15) == 2
