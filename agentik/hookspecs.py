@@ -129,6 +129,18 @@ def register_jobs(register: Callable[..., None], agent: ChatAgent, settings: Set
     """
 
 
+@hookspec
+def register_commands(register: Callable[..., None]) -> None:
+    """Contribute ``agentik <name>`` sub-commands of the command line.
+
+    ``register(name, setup, run, help="")``: ``setup(parser)`` adds the command's arguments
+    to its :class:`argparse.ArgumentParser`; ``run(args, settings)`` runs it with the parsed
+    arguments and the settings and returns the exit status. A ``SettingsError`` it raises is
+    shown as one line (exit 2). Plugins are loaded for these only when the command line names
+    a command that is not a core one, so ``agentik serve`` and ``--help`` pay nothing for them.
+    """
+
+
 # --- turn lifecycle -----------------------------------------------------------------------
 
 

@@ -25,6 +25,11 @@ from agentik.core.tools import Tool, ToolRegistry
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
+# the tests never reach the real model hub: a process that would fetch the default on-device
+# model fails at once instead (the tests of fetching point HF_ENDPOINT at tests/fake_hub.py)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.pop("HF_TOKEN", None)
+
 
 @pytest.fixture
 async def make_agent(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
@@ -161,6 +166,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 "AGENTIK_HOST": "127.0.0.1",
                 "AGENTIK_DB_PATH": str(tmp_path / "agentik.db"),
                 "AGENTIK_MEMORY_BACKEND": "off",  # tests of memory turn it on
+                "AGENTIK_MODELS_DIR": str(tmp_path / "models"),  # never the user's cache
                 **env,
             }
         )

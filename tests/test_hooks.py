@@ -426,3 +426,33 @@ async def test_hook_plugin_details():
         "p": {"servers": {"time": {"state": "ok", "port": 8080}}},
         "b": {"error": "RuntimeError: cannot tell"},
     }
+
+
+def test_hook_register_commands(capsys):
+    from agentik.core.cli import main
+
+    class P:
+        @hookimpl
+        def register_commands(self, register):
+            def setup(parser):
+                parser.add_argument("name")
+
+            def run(args, settings):
+                print(f"hello {args.name} on port {settings['AGENTIK_PORT']}")
+                return 3
+
+            register("greet", setup, run, help="say hello")
+
+    class Clash:
+        @hookimpl
+        def register_commands(self, register):
+            register("serve", lambda parser: None, lambda args, settings: 0)
+
+    plugins = test_plugins([("p", P())])
+    assert main(["greet", "you"], plugins) == 3
+    assert capsys.readouterr().out == "hello you on port 8080\n"
+    with pytest.raises(SystemExit):
+        main(["greet", "--help"], plugins)
+    assert "usage: agentik greet [-h] name" in capsys.readouterr().out
+    assert main(["x"], test_plugins([("c", Clash())])) == 2
+    assert "plugin c: register_commands failed" in capsys.readouterr().err

@@ -109,9 +109,10 @@ def test_registered_as_litert_with_the_google_alias():
     assert backend.requires == ("litert_lm",) and backend.extra == "litert"
 
 
-def test_the_model_path_is_required():
-    with pytest.raises(SettingsError, match="AGENTIK_GOOGLE_MODEL_PATH must be set"):
-        plugin.make_backend(Settings(plugin.SETTINGS, {}))
+def test_without_a_model_path_the_cached_default_is_used(tmp_path):
+    # conftest sets HF_HUB_OFFLINE: an empty cache is one line (tests/test_models.py: the rest)
+    with pytest.raises(SettingsError, match="HF_HUB_OFFLINE is set and litert-community/Qwen3"):
+        plugin.make_backend(Settings(plugin.SETTINGS, {"AGENTIK_MODELS_DIR": str(tmp_path)}))
 
 
 def test_threads_default_to_4():

@@ -200,8 +200,8 @@ async def test_sigterm_mid_stream_exits_quickly_and_cleanly(serve, fake_openai_p
     )
 
 
-def test_no_llm_configured_tells_the_newcomer_what_to_set(serve):
-    proc, _ = serve({}, wait=False)
+def test_openai_chosen_without_its_variables_tells_what_to_set(serve):
+    proc, _ = serve({"AGENTIK_LLM_BACKEND": "openai"}, wait=False)
     assert proc.proc.wait(15) == 2
     out = proc.output
     assert "OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL must be set" in out
@@ -247,7 +247,9 @@ def test_plugins_command_lists_plugins_settings_and_selection():
         check=True,
         env={"PATH": "/usr/bin:/bin"},
     ).stdout
-    assert "agentik_llm_openai" in out and "llm backend: openai — selected" in out
+    # nothing configured: the on-device backend, and why (tests/test_models.py: the rest)
+    assert "agentik_llm_openai" in out and "llm backend: openai — available" in out
+    assert "llm backend: litert (aliases: google) — selected" in out
     assert "OPENAI_API_KEY" in out and "AGENTIK_PORT=8080" in out
     assert "agentik_transport_http" in out
 

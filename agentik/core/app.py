@@ -44,6 +44,8 @@ NO_LLM_HINT = (
     "OPENAI_BASE_URL=http://localhost:11434/v1 OPENAI_API_KEY=ollama OPENAI_MODEL=llama3.2 "
     "make serve (other backends: AGENTIK_LLM_BACKEND, see `agentik plugins`)"
 )
+#: the backend that needs nothing configured: an on-device model it fetches once
+ON_DEVICE_LLM = "litert"
 
 
 def declared_settings(plugins: Plugins) -> list[Setting]:
@@ -109,17 +111,33 @@ def _left_out(plugins: Plugins, kind: str, hook: str, name: str) -> str | None:
     )
 
 
+def llm_choice(settings: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The LLM backend to use, and why when ``AGENTIK_LLM_BACKEND`` does not name it: the
+    endpoint a user has configured (any ``OPENAI_*`` variable set) comes first, else the
+    on-device backend, which needs nothing configured."""
+    if settings.get("AGENTIK_LLM_BACKEND"):
+        return settings["AGENTIK_LLM_BACKEND"], None
+    given = sorted(n for n in getattr(settings, "explicit", ()) if n.startswith("OPENAI_"))
+    if given:
+        return "openai", f"{', '.join(given)} set"
+    return ON_DEVICE_LLM, "no AGENTIK_LLM_BACKEND and no OPENAI_* set: the on-device default"
+
+
 def select_llm(
     plugins: Plugins, settings: Settings, regs: dict[str, BackendRegistry] | None = None
 ) -> LLMBackend:
-    """The LLM backend ``AGENTIK_LLM_BACKEND`` names (``regs``: registries already built)."""
-    name = settings["AGENTIK_LLM_BACKEND"]
+    """The LLM backend ``AGENTIK_LLM_BACKEND`` names, or the one :func:`llm_choice` picks
+    (``regs``: registries already built)."""
+    name, why = llm_choice(settings)
     regs = regs if regs is not None else registries(plugins)
     try:
-        llm = regs["llm"].create(name, settings, variable="AGENTIK_LLM_BACKEND")
+        variable = "AGENTIK_LLM_BACKEND" if why is None else "the default AGENTIK_LLM_BACKEND"
+        llm = regs["llm"].create(name, settings, variable=variable)
     except SettingsError as e:
         raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
     except BackendError as e:
+        if why is not None and name == ON_DEVICE_LLM:  # the default is not installed here
+            raise StartupError(f"no LLM is configured and {e}. {NO_LLM_HINT}") from e
         raise StartupError(str(e)) from e
     if not isinstance(llm, LLMBackend):
         raise StartupError(

@@ -68,7 +68,11 @@ CORE_SETTINGS = (
         "Missing parent folders are created.",
     ),
     Setting(
-        "AGENTIK_LLM_BACKEND", "openai", str.lower, "LLM backend by name (see `agentik plugins`)."
+        "AGENTIK_LLM_BACKEND",
+        None,
+        str.lower,
+        "LLM backend by name (see `agentik plugins`); unset: `openai` when an OPENAI_* variable "
+        "is set, else the on-device `litert` with its default model (downloaded once).",
     ),
     Setting(
         "AGENTIK_MEMORY_BACKEND",

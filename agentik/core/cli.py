@@ -1,4 +1,5 @@
-"""``agentik serve`` and ``agentik plugins``. Kept import-light so ``agentik --help`` is fast."""
+"""``agentik serve``, ``agentik plugins`` and the plugins' commands. Kept import-light so
+``agentik --help`` is fast."""
 
 from __future__ import annotations
 
@@ -24,20 +25,26 @@ log = logging.getLogger("agentik")
 DETAILS_TIMEOUT = 60.0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> int:
+    """The command line; ``plugins`` (tests): the plugins whose commands it offers, instead of
+    the installed ones."""
     from agentik import __version__
 
     parser = argparse.ArgumentParser(
-        prog="agentik", description="Self-hosted runtime for one stateful chat agent."
+        prog="agentik",
+        description="Self-hosted runtime for one stateful chat agent.",
+        # listing them would load every plugin (and aiohttp) for the help
+        epilog="Plugins add commands (`agentik plugins` shows register_commands), e.g. "
+        "`agentik models list`; `agentik COMMAND --help` describes one.",
     )
     parser.add_argument("--version", action="version", version=f"agentik {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="start the server (configured by AGENTIK_* variables)")
     serve.add_argument("--host", help="override AGENTIK_HOST")
     serve.add_argument("--port", type=_port, help="override AGENTIK_PORT")
-    plugins = sub.add_parser("plugins", help="list plugins, their settings and what is active")
-    plugins.add_argument("--json", action="store_true", help="print JSON")
-    plugins.add_argument(
+    listing = sub.add_parser("plugins", help="list plugins, their settings and what is active")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument(
         "--settings-table",
         action="store_true",
         help="print every declared setting as a Markdown table (for docs)",
@@ -49,7 +56,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat.add_argument("--key", help="the API key (default: AGENTIK_API_KEY)")
     chat.add_argument("--conversation", metavar="ID", help="continue this conversation")
     chat.add_argument("--new", action="store_true", help="start a new conversation")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    plugin_commands: dict[str, Any] = {}
+    if command is not None and command not in sub.choices:  # a plugin's command
+        try:
+            if plugins is None:
+                from agentik.core.plugins import make_plugins
+
+                plugins = make_plugins()
+            plugin_commands = add_plugin_commands(sub, plugins)
+        except Exception as e:
+            return fail(str(e), e)
     args = parser.parse_args(argv)
+    if args.command in plugin_commands:
+        assert plugins is not None
+        return run_plugin_command(plugin_commands[args.command], args, plugins)
     if args.command == "chat":
         from agentik.core.chat import chat_command
 
@@ -63,6 +85,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plugins_command(args.json)
     parser.print_help()
     return 0
+
+
+def add_plugin_commands(sub: Any, plugins: Plugins) -> dict[str, Any]:
+    """The plugins' ``register_commands``: each command gets its sub-parser; returns their
+    ``run`` functions by name."""
+    from agentik.core.plugins import PluginError, call_impl
+
+    runs: dict[str, Any] = {}
+    caller = plugins.hook.register_commands
+    for impl in caller.get_hookimpls():
+
+        def register(
+            name: str, setup: Any, run: Any, help: str = "", plugin: str = impl.plugin_name
+        ) -> None:
+            if name in sub.choices:
+                raise ValueError(f"the command {name!r} exists already")
+            setup(sub.add_parser(name, help=help))
+            runs[name] = run
+
+        try:
+            call_impl(caller, impl, {"register": register})
+        except Exception as e:
+            raise PluginError(impl.plugin_name, "register_commands", e) from e
+    return runs
+
+
+def run_plugin_command(run: Any, args: argparse.Namespace, plugins: Plugins) -> int:
+    from agentik.core.app import load_settings
+    from agentik.core.plugins import PluginError
+    from agentik.core.settings import SettingsError
+
+    try:
+        settings = load_settings(plugins)
+    except (SettingsError, PluginError) as e:
+        return fail(str(e), e)
+    logging.basicConfig(level=settings["AGENTIK_LOG_LEVEL"].upper(), format="%(message)s")
+    try:
+        return int(run(args, settings) or 0)
+    except SettingsError as e:
+        return fail(str(e), e)
+    except KeyboardInterrupt:
+        return fail("interrupted")
 
 
 def _port(raw: str) -> int:
@@ -205,7 +269,7 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
 
 
 async def banner(app: web.Application, host: str, port: int) -> list[str]:
-    from agentik.core.app import AGENT, PLUGINS, SETTINGS
+    from agentik.core.app import AGENT, PLUGINS, SETTINGS, llm_choice
     from agentik.core.security import is_loopback
 
     agent, plugins, settings = app[AGENT], app[PLUGINS], app[SETTINGS]
@@ -231,10 +295,12 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
     endpoints += unannounced_routes(app, endpoints)
     stats = await agent.store.token_stats()
     convs = await agent.store.count_conversations()
+    name, why = llm_choice(settings)
     return [
         *endpoints,
         f"  storage: {settings['AGENTIK_DB_PATH']}",
         f"  llm: {agent.llm.description or type(agent.llm).__name__}",
+        *([f"  llm choice: {name} ({why})"] if why else []),
         *(f"  {line}" for line in lines),
         f"  tools: {len(agent.tools)}"
         + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
@@ -278,7 +344,7 @@ def token_counts(stats: TokenStats) -> str:
 
 def plugins_command(as_json: bool) -> int:
     """Always runs, whatever is wrong: a conflict or a failing plugin is shown, not raised."""
-    from agentik.core.app import declared_settings, registries
+    from agentik.core.app import declared_settings, llm_choice, registries
     from agentik.core.plugins import PluginError, make_plugins
     from agentik.core.settings import Settings, SettingsError, undeclared_variables
 
@@ -299,8 +365,9 @@ def plugins_command(as_json: bool) -> int:
     except SettingsError as e:
         settings, invalid = {}, str(e)
     problems += undeclared_variables(s.name for s in declared)
+    llm, why = llm_choice(Settings(declared)) if not invalid else (None, None)
     selected = {
-        "llm": settings.get("AGENTIK_LLM_BACKEND"),
+        "llm": llm,
         "memory": None
         if "off" in (settings.get("AGENTIK_MEMORY_DIR"), None)
         else settings.get("AGENTIK_MEMORY_BACKEND"),
@@ -345,10 +412,17 @@ def plugins_command(as_json: bool) -> int:
                 "details": details.get(info.name),
             }
         )
+    choice = {"backend": llm, "reason": why or ("AGENTIK_LLM_BACKEND" if llm else None)}
     if as_json:
         print(
             json.dumps(
-                {"plugins": report, "invalidSettings": invalid, "problems": problems}, indent=2
+                {
+                    "plugins": report,
+                    "llm": choice,
+                    "invalidSettings": invalid,
+                    "problems": problems,
+                },
+                indent=2,
             )
         )
         return 0
@@ -376,6 +450,8 @@ def plugins_command(as_json: bool) -> int:
         for key, value in (p["details"] or {}).items():
             shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             print(f"  {key}: {shown}")
+    if llm:
+        print(f"llm: {llm} ({choice['reason']})")
     if invalid:
         print(f"invalid settings: {invalid}")
     for problem in problems:

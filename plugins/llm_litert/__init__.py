@@ -2,7 +2,9 @@
 
 Hooks only: ``litert_lm`` (a 130 MB native library) is imported once this backend is chosen.
 The factory checks the model file before any engine exists, because the engine itself only
-says "Failed to create" (the reason goes to stderr).
+says "Failed to create" (the reason goes to stderr). Without ``AGENTIK_GOOGLE_MODEL_PATH`` the
+model is ``AGENTIK_GOOGLE_MODEL_REPO``/``FILE`` from the cache, fetched from the hub the first
+time (``models.py``; ``agentik models pull``/``list``, ``commands.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,34 @@ from typing import Any
 from agentik.core import settings as cfg
 from agentik.core.settings import Setting, Settings
 from agentik.hookspecs import hookimpl
+from agentik_llm_litert.models import DEFAULT_FILE, DEFAULT_REPO, parse_file, parse_repo
 
 SETTINGS = (
     Setting(
         "AGENTIK_GOOGLE_MODEL_PATH",
         None,
         cfg.parse_path,
-        "Required for `litert`: the `.litertlm` model file.",
+        "The `.litertlm` model file for `litert`; unset: AGENTIK_GOOGLE_MODEL_REPO/FILE from "
+        "the cache, downloaded on first use.",
+    ),
+    Setting(
+        "AGENTIK_GOOGLE_MODEL_REPO",
+        DEFAULT_REPO,
+        parse_repo,
+        "Hugging Face hub repository of the `litert` model (HF_ENDPOINT, HF_TOKEN apply).",
+    ),
+    Setting(
+        "AGENTIK_GOOGLE_MODEL_FILE",
+        DEFAULT_FILE,
+        parse_file,
+        "The `.litertlm` file in AGENTIK_GOOGLE_MODEL_REPO.",
+    ),
+    Setting(
+        "AGENTIK_MODELS_DIR",
+        None,
+        cfg.parse_path,
+        "Cache of downloaded models (default: $XDG_CACHE_HOME/agentik/models, "
+        "i.e. ~/.cache/agentik/models).",
     ),
     Setting(
         "AGENTIK_GOOGLE_CACHE_DIR",
@@ -45,16 +68,18 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 
 
 def make_backend(settings: Settings) -> Any:
-    settings.require("AGENTIK_GOOGLE_MODEL_PATH")
     from agentik_llm_litert.backend import LiteRtBackend, check_model
+    from agentik_llm_litert.models import resolve
 
-    model = check_model(settings["AGENTIK_GOOGLE_MODEL_PATH"])
-    return LiteRtBackend(
-        model,
+    path, source = resolve(settings)  # fetched here, before anything listens, when missing
+    backend = LiteRtBackend(
+        check_model(path),
         cache_dir=settings["AGENTIK_GOOGLE_CACHE_DIR"],
         threads=settings["AGENTIK_GOOGLE_THREADS"],
         context_window=settings["AGENTIK_GOOGLE_CONTEXT_WINDOW"],
     )
+    backend.source = source
+    return backend
 
 
 @hookimpl
@@ -68,16 +93,33 @@ def banner_lines(agent: Any, settings: Settings) -> list[str] | None:
     if backend is None or not isinstance(agent.llm, backend.LiteRtBackend):
         return None
     # the core prints ``llm: <description>`` for every backend
-    return [f"llm capabilities: {agent.llm.capabilities_line()}"]
+    return [
+        f"llm model: {agent.llm.model.path} ({agent.llm.source})",
+        f"llm capabilities: {agent.llm.capabilities_line()}",
+    ]
 
 
 @hookimpl
 def plugin_details(settings: Settings) -> dict[str, Any] | None:
     """For ``agentik plugins``: the model and what its header says it can do."""
+    from agentik_llm_litert.models import cached, human, models_dir, partial_size, wanted
+
     path = settings.get("AGENTIK_GOOGLE_MODEL_PATH")
-    if path is None:
-        return None
-    report: dict[str, Any] = {"model": str(path)}
+    report: dict[str, Any] = {}
+    if path is None:  # the cache's model: no request is made here
+        root, (repo, file) = models_dir(settings), wanted(settings)
+        model = cached(root, repo, file)
+        report["model"] = f"{repo}/{file}"
+        if model is None:
+            kept = partial_size(root, repo, file)
+            report["cache"] = f"not downloaded yet ({root}): the first serve fetches it" + (
+                f", resuming after {human(kept)}" if kept else ""
+            )
+            return report
+        report["cache"] = f"{model.path} ({human(model.size)})"
+        path = model.path
+    else:
+        report["model"] = str(path)
     try:
         from agentik_llm_litert.backend import check_model
     except ImportError as e:
@@ -90,3 +132,12 @@ def plugin_details(settings: Settings) -> dict[str, Any] | None:
     except SettingsError as e:
         report["error"] = str(e)
     return report
+
+
+@hookimpl
+def register_commands(register: Callable[..., None]) -> None:
+    from agentik_llm_litert import commands
+
+    register(
+        "models", commands.setup, commands.run, help="download and list on-device (litert) models"
+    )

@@ -422,6 +422,8 @@ class LiteRtBackend(LLMBackend):
             context_window = min(context_window, limit)  # a fixed context cannot grow
         self.context_window = context_window or limit
         self.description = f"litert {model.path.name} (cpu, {threads} threads)"
+        #: where the model comes from, for the banner (the plugin's factory sets it)
+        self.source = VARIABLE
         self.engine: Any = None
         # every native call but close runs on this one thread: steps of all conversations run
         # one at a time (the CPU executor gains nothing from two at once)
