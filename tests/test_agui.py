@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
-from agentik.core.app import AGENT
 from agentik import hookimpl
+from agentik.core.app import AGENT
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, Usage
 from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.tools import tool
@@ -39,7 +39,9 @@ class AddTool:
 def make_client(aiohttp_client: Any, tmp_path: Any) -> Any:
     async def make(llm: ScriptedLLM | None = None, **env: str) -> Any:
         env = {"AGENTIK_DB_PATH": str(tmp_path / "a.db"), **env}
-        app = make_app(llm=llm or ScriptedLLM(), plugins=[("add", AddTool())], builtins=AGUI, env=env)
+        app = make_app(
+            llm=llm or ScriptedLLM(), plugins=[("add", AddTool())], builtins=AGUI, env=env
+        )
         return await aiohttp_client(app)
 
     return make
@@ -133,7 +135,10 @@ async def test_a_new_thread_with_prior_history_gets_a_snapshot_of_what_the_agent
     make_client: Any,
 ) -> None:
     client = await make_client()
-    prior = [user("old-1", "from another backend"), {"id": "a-0", "role": "assistant", "content": "x"}]
+    prior = [
+        user("old-1", "from another backend"),
+        {"id": "a-0", "role": "assistant", "content": "x"},
+    ]
     events = await run(client, run_input("t-3", [*prior, user("u-1", "hello")]))
     snapshot = events[1]
     assert snapshot["type"] == "MESSAGES_SNAPSHOT"
@@ -261,13 +266,23 @@ async def test_the_client_leaving_does_not_stop_the_turn(make_client: Any) -> No
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        (run_input("t", [user("u", "x")], tools=[{"name": "f", "description": "d", "parameters": {}}]), "client_tools_unsupported"),
-        (run_input("t", [{"id": "r", "role": "tool", "toolCallId": "c", "content": "x"}]), "client_tools_unsupported"),
+        (
+            run_input(
+                "t", [user("u", "x")], tools=[{"name": "f", "description": "d", "parameters": {}}]
+            ),
+            "client_tools_unsupported",
+        ),
+        (
+            run_input("t", [{"id": "r", "role": "tool", "toolCallId": "c", "content": "x"}]),
+            "client_tools_unsupported",
+        ),
         ({"threadId": "t"}, "invalid_request"),
         (run_input("t", [user("u", "")]), "invalid_request"),
     ],
 )
-async def test_bad_input_is_refused_before_anything_runs(make_client: Any, body: Any, code: str) -> None:
+async def test_bad_input_is_refused_before_anything_runs(
+    make_client: Any, body: Any, code: str
+) -> None:
     client = await make_client()
     resp = await client.post("/agui", json=body)
     assert resp.status == 400

@@ -8,13 +8,22 @@ endpoint is set up, in :mod:`agentik_transport_agui.endpoint`.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from agentik import hookimpl
 from agentik.core.settings import Setting, Settings
 
+log = logging.getLogger(__name__)
+
 PATH = "AGENTIK_AGUI_PATH"
+MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik[agui]')"
+
+
+def protocol_installed() -> bool:
+    return importlib.util.find_spec("ag_ui") is not None
 
 
 def parse_route(raw: str) -> str:
@@ -30,6 +39,9 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 
 
 def setup(app: Any, agent: Any, settings: Settings) -> None:
+    if not protocol_installed():  # an optional extra: the rest of the server runs without it
+        log.warning(MISSING)
+        return
     from agentik_transport_agui.endpoint import add_route
 
     add_route(app, agent, settings[PATH])
@@ -42,4 +54,6 @@ def register_transports(register: Callable[..., None]) -> None:
 
 @hookimpl
 def banner_lines(settings: Settings) -> list[str]:
+    if not protocol_installed():
+        return [MISSING]
     return [f"  POST {settings[PATH]:<43} -> SSE (AG-UI)"]

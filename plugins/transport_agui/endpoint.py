@@ -7,17 +7,20 @@ sent once (their id is the send's idempotency key), and a ``MESSAGES_SNAPSHOT`` 
 from __future__ import annotations
 
 import contextlib
-import logging
-from typing import Any
 
 from ag_ui.core import (
     PROTOCOL_VERSION,
     BaseEvent,
+    DataSource,
     MessagesSnapshotEvent,
     RunAgentInput,
     RunStartedEvent,
+    UrlSource,
     UserMessage,
 )
+from ag_ui.core import ImagePart as AguiImage
+from ag_ui.core import Message as AguiMessage
+from ag_ui.core import TextPart as AguiText
 from ag_ui.encoder import EventEncoder
 from aiohttp import web
 from pydantic import ValidationError
@@ -34,8 +37,6 @@ from agentik.core.types import (
     TextPart,
 )
 from agentik_transport_agui.translate import META, RunTranslator, client_id, history_messages
-
-log = logging.getLogger(__name__)
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 PAGE = 200  # history records read per query for a snapshot
@@ -64,8 +65,9 @@ class NewInput:
             raise Refused("resume_unsupported", "this agent never pauses a run for an interrupt")
         messages = list(body.messages)
         tail: list[UserMessage] = []
-        while messages and isinstance(messages[-1], UserMessage):
-            tail.insert(0, messages.pop())
+        while messages and isinstance(last := messages[-1], UserMessage):
+            tail.insert(0, last)
+            messages.pop()
         if not tail and messages and messages[-1].role == "tool":
             raise Refused(
                 "client_tools_unsupported",
@@ -84,7 +86,9 @@ class NewInput:
         the client's id of the last one and how many parts the ``context[]`` block took."""
         parts: list[ContentPart] = []
         if self.context:
-            parts.append(TextPart("[Context from the client application]\n" + "\n".join(self.context)))
+            parts.append(
+                TextPart("[Context from the client application]\n" + "\n".join(self.context))
+            )
         added = len(parts)
         for message in self.users:
             parts.extend(_parts(message))
@@ -105,17 +109,16 @@ def _parts(message: UserMessage) -> list[ContentPart]:
         return [TextPart(message.content)] if message.content else []
     parts: list[ContentPart] = []
     for part in message.content:
-        kind = getattr(part, "type", None)
-        if kind == "text":
-            parts.append(TextPart(part.text))  # type: ignore[union-attr]
-        elif kind == "image" and part.source.type in ("data", "url"):  # type: ignore[union-attr]
-            source = part.source  # type: ignore[union-attr]
-            mime = getattr(source, "mime_type", None) or "image/*"
-            if source.type == "data":
-                parts.append(ImagePart(mime, data=source.value))
+        if isinstance(part, AguiText):
+            parts.append(TextPart(part.text))
+        elif isinstance(part, AguiImage) and isinstance(part.source, DataSource | UrlSource):
+            mime = part.source.mime_type or "image/*"
+            if isinstance(part.source, DataSource):
+                parts.append(ImagePart(mime, data=part.source.value))
             else:
-                parts.append(ImagePart(mime, url=source.value))
+                parts.append(ImagePart(mime, url=part.source.value))
         else:
+            kind = getattr(part, "type", type(part).__name__)
             raise InvalidInput(f"message {message.id!r}: {kind} parts are not supported")
     return parts
 
@@ -148,7 +151,9 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
     except InvalidInput as e:
         return error_response(400, "invalid_request", str(e))
     except ConversationClosed:
-        return error_response(409, "conversation_closed", "this thread's conversation is being deleted")
+        return error_response(
+            409, "conversation_closed", "this thread's conversation is being deleted"
+        )
     # a retry of a run whose message the agent already took (the same last message id): its
     # turn is not run again, and the client gets the thread as it is now
     retried = msg.created_at < started
@@ -201,7 +206,7 @@ async def _stream(
                 break
         else:
             await write(run.fail(CLOSED, "shutdown"))
-    except (ConnectionError, ConnectionResetError):
+    except ConnectionError:
         pass  # the client went away; the turn goes on without it
     finally:
         if items is not None:
@@ -210,7 +215,7 @@ async def _stream(
     return resp
 
 
-async def _history(conv: ChatConversation) -> list[Any]:
+async def _history(conv: ChatConversation) -> list[AguiMessage]:
     records: list[Message] = []
     while True:
         page = await conv.get_messages(None, len(records), PAGE)

@@ -62,7 +62,10 @@ class RunTranslator:
             if event.reasoning:
                 out = [] if self.reasoning else self._open_reasoning()
                 assert self.reasoning is not None
-                return [*out, ReasoningMessageContentEvent(message_id=self.reasoning, delta=event.text)]
+                return [
+                    *out,
+                    ReasoningMessageContentEvent(message_id=self.reasoning, delta=event.text),
+                ]
             out = [] if self.text else self._open_text()
             assert self.text is not None
             return [*out, TextMessageContentEvent(message_id=self.text, delta=event.text)]
@@ -72,7 +75,9 @@ class RunTranslator:
             return self._open_reasoning()
         if isinstance(event, ev.ToolCall):
             out = self._close()
-            out.append(ToolCallStartEvent(tool_call_id=event.call_id, tool_call_name=event.tool_name))
+            out.append(
+                ToolCallStartEvent(tool_call_id=event.call_id, tool_call_name=event.tool_name)
+            )
             if event.args_json:
                 out.append(ToolCallArgsEvent(tool_call_id=event.call_id, delta=event.args_json))
             out.append(ToolCallEndEvent(tool_call_id=event.call_id))
@@ -166,11 +171,15 @@ def history_messages(records: list[ev.Message]) -> list[Message]:
         if record.kind == "user":
             out.append(UserMessage(id=client_id(record), content=_user_content(p)))
         elif record.kind == "tool_call":
-            call = ToolCall(id=p["callId"], function=FunctionCall(name=p["toolName"], arguments=p["argsJson"]))
+            call = ToolCall(
+                id=p["callId"], function=FunctionCall(name=p["toolName"], arguments=p["argsJson"])
+            )
             out.append(AssistantMessage(id=record.id, tool_calls=[call]))
         elif record.kind == "tool_result":
             error = p["text"] if p.get("isError") else None
-            out.append(ToolMessage(id=record.id, tool_call_id=p["callId"], content=p["text"], error=error))
+            out.append(
+                ToolMessage(id=record.id, tool_call_id=p["callId"], content=p["text"], error=error)
+            )
         elif record.kind == "assistant" and p.get("text"):
             out.append(AssistantMessage(id=record.id, content=p["text"]))
     return out
@@ -189,5 +198,11 @@ def _part(part: dict[str, Any]) -> dict[str, Any]:
     if part["type"] == "text":
         return {"type": "text", "text": part["body"]}
     if "data" in part:
-        return {"type": "image", "source": {"type": "data", "value": part["data"], "mimeType": part["mimeType"]}}
-    return {"type": "image", "source": {"type": "url", "value": part["url"], "mimeType": part["mimeType"]}}
+        return {
+            "type": "image",
+            "source": {"type": "data", "value": part["data"], "mimeType": part["mimeType"]},
+        }
+    return {
+        "type": "image",
+        "source": {"type": "url", "value": part["url"], "mimeType": part["mimeType"]},
+    }
