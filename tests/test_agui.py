@@ -18,7 +18,7 @@ from agentik.core.app import AGENT
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, Usage
 from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.tools import tool
-from agentik.core.types import AppendText, Gap, StartResponse
+from agentik.core.types import AppendText, End, Gap, StartResponse
 
 AGUI = ("agentik_transport_agui",)
 
@@ -311,3 +311,18 @@ def test_lost_events_close_what_is_open_and_end_with_one_run_error() -> None:
         "RUN_ERROR",
     ]
     assert run.ended and out[-1].code == "events_lost"
+
+
+def test_deltas_that_arrive_together_become_one_content_event() -> None:
+    from agentik_transport_agui.translate import RunTranslator
+
+    run = RunTranslator("t", "r", "turn")
+    events = [StartResponse(), AppendText("a"), AppendText("b"), AppendText("c"), End()]
+    out = run.feed_all([*events, AppendText("after the end")])
+    assert [e.type.value for e in out] == [
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    assert out[1].delta == "abc" and run.ended

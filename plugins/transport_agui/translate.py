@@ -54,6 +54,28 @@ class RunTranslator:
         self.error: ev.Error | None = None
         self.ended = False
 
+    def feed_all(self, events: list[ev.Event]) -> list[BaseEvent]:
+        """The AG-UI events for a list of agentik events, the text of consecutive deltas joined
+        into one (fewer events to encode and send); nothing after the run's end."""
+        out: list[BaseEvent] = []
+        i = 0
+        while i < len(events) and not self.ended:
+            event = events[i]
+            i += 1
+            if isinstance(event, ev.AppendText):
+                texts = [event.text]
+                while (
+                    i < len(events)
+                    and isinstance(nxt := events[i], ev.AppendText)
+                    and nxt.reasoning == event.reasoning
+                ):
+                    texts.append(nxt.text)
+                    i += 1
+                if len(texts) > 1:
+                    event = ev.AppendText("".join(texts), event.reasoning)
+            out += self.feed(event)
+        return out
+
     def feed(self, event: ev.Event) -> list[BaseEvent]:
         """The AG-UI events for one agentik event; after the last one :attr:`ended` is set."""
         if isinstance(event, ev.AppendText):
