@@ -57,7 +57,7 @@ def text_of(result: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def agentik(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str]:
+def agentik(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str, Any]:
     """``agentik serve`` with the fake LLM, the time MCP server as its tool, and an API key."""
     config = tmp_path / "mcp.json"
     time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
@@ -73,16 +73,32 @@ def agentik(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str
     )
     proc.wait_output("tokens:", timeout=30)  # the banner: the MCP server is up
     assert "/agui" in proc.output
-    return base, fake_openai_proc
+    return base, fake_openai_proc, proc
 
 
 AUTH = {"headers": {"Authorization": f"Bearer {KEY}"}}
 
 
-async def test_the_real_client_through_every_way_a_run_ends(agentik: tuple[str, str]) -> None:
-    """Plain text, a tool round, an LLM error, a reconnect, two runs on one thread and an
-    interrupt, each run by ``HttpAgent.runAgent`` (one server: its start-up is the slow part)."""
-    base, fake = agentik
+async def busy_conversation(base: str) -> str:
+    """The id of the conversation running a turn, once one streams text (polled)."""
+    async with aiohttp.ClientSession(headers=AUTH["headers"]) as s:
+        for _ in range(300):
+            async with s.get(f"{base}/agentik/conversations") as r:
+                busy = [c["id"] for c in (await r.json())["items"] if c["busy"]]
+            if busy:
+                await asyncio.sleep(0.3)  # into the reply's text
+                return busy[0]
+            await asyncio.sleep(0.05)
+    raise AssertionError("no turn started")
+
+
+async def test_the_real_client_through_every_way_a_run_ends(
+    agentik: tuple[str, str, Any],
+) -> None:
+    """Plain text, a tool round, an LLM error, a reconnect, two runs on one thread, an
+    interrupt and a shutdown, each run by ``HttpAgent.runAgent`` (one server: its start-up is
+    the slow part)."""
+    base, fake, proc = agentik
     url = f"{base}/agui"
     body = {"threadId": "t", "runId": "r", "messages": []}
     async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
@@ -137,17 +153,22 @@ async def test_the_real_client_through_every_way_a_run_ends(agentik: tuple[str, 
         running = asyncio.create_task(
             run_client(url, [{"threadId": "th-3", "messages": [user("u-1", "x")]}], **AUTH)
         )
-        busy: list[dict[str, Any]] = []
-        for _ in range(200):
-            async with s.get(f"{base}/agentik/conversations") as r:
-                busy = [c for c in (await r.json())["items"] if c["busy"]]
-            if busy:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
-        async with s.post(f"{base}/agentik/conversations/{busy[0]['id']}/interrupt") as r:
+        busy = await busy_conversation(base)
+        async with s.post(f"{base}/agentik/conversations/{busy}/interrupt") as r:
             assert (await r.json())["interrupted"] is True
         (cut,) = await running
     assert cut["error"] is None
     assert kinds(cut)[-2:] == ["TEXT_MESSAGE_END", "RUN_FINISHED"]
     assert cut["events"][-1]["outcome"] == {"type": "cancelled"}
+
+    # the server stopping mid-run (SIGTERM): the running turn is interrupted and the run ends
+    await script_fake(fake, slow)
+    running = asyncio.create_task(
+        run_client(url, [{"threadId": "th-4", "messages": [user("u-1", "y")]}], **AUTH)
+    )
+    await busy_conversation(base)
+    assert await asyncio.to_thread(proc.stop) == 0
+    (stopped,) = await running
+    assert stopped["error"] is None
+    assert kinds(stopped)[-1] == "RUN_FINISHED"
+    assert stopped["events"][-1]["outcome"] == {"type": "cancelled"}
