@@ -287,7 +287,7 @@ async def test_bad_input_is_refused_before_anything_runs(
     resp = await client.post("/agui", json=body)
     assert resp.status == 400
     assert (await resp.json())["error"]["code"] == code
-    assert await client.server.app[AGENT].list_conversations() == [] or code == "invalid_request"
+    assert await client.server.app[AGENT].list_conversations() == []
 
 
 async def test_the_path_is_configurable_and_the_api_key_applies(make_client: Any) -> None:

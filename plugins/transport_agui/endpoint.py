@@ -140,10 +140,10 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
     try:
         body = parse(await request.read())
         new = NewInput(body)
+        parts, context = new.content() if new.users else ([], None)  # refused before any write
         conv = await agent.aliased_conversation("agui", body.thread_id)
         if not new.users:
             return await _stream(request, body, conv, None, None, snapshot=True)
-        parts, context = new.content()
         recent = await conv.recent_turns(1)
         known = [client_id(r) for r in recent if r.kind == "user"]
         # in step: the client's messages end where the agent's history does
