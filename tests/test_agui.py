@@ -14,7 +14,7 @@ import pytest
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
 from agentik import hookimpl
-from agentik.core.app import AGENT
+from agentik.core.app import AGENT, SETTINGS
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, Usage
 from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.tools import tool
@@ -326,3 +326,16 @@ def test_deltas_that_arrive_together_become_one_content_event() -> None:
         "RUN_FINISHED",
     ]
     assert out[1].delta == "abc" and run.ended
+
+
+async def test_without_the_protocol_package_the_server_runs_without_the_route(
+    make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentik_transport_agui as plugin
+
+    monkeypatch.setattr(plugin, "protocol_installed", lambda: False)
+    client = await make_client()
+    assert (await client.post("/agui", json=run_input("t", [user("u", "x")]))).status == 404
+    settings = client.server.app[SETTINGS]
+    assert plugin.banner_lines(settings) == [plugin.MISSING]
+    assert "pip install 'agentik[agui]'" in plugin.MISSING
