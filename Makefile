@@ -24,9 +24,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 tests/mcp/node_modules/.package-lock.json: tests/mcp/package.json tests/mcp/package-lock.json
 	npm ci --prefix tests/mcp --no-audit --no-fund
 
+# the AG-UI client (@ag-ui/client) the tests of the transport_agui plugin drive
+tests/agui/node_modules/.package-lock.json: tests/agui/package.json tests/agui/package-lock.json
+	npm ci --prefix tests/agui --no-audit --no-fund
+
 install: $(VENV)/.installed        ## create .venv with agentik and every backend
 
-install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json
+install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
+	tests/agui/node_modules/.package-lock.json
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve

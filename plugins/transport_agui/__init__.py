@@ -1,0 +1,59 @@
+"""The AG-UI endpoint (SPEC F14): ``POST /agui`` takes a ``RunAgentInput`` and answers the run as
+a stream of AG-UI events, so CopilotKit and any ``@ag-ui/client`` app talk to the same stateful
+agent. ``docs/agui.md`` says how a client's messages meet the agent's history.
+
+The protocol package (``ag-ui-protocol``, the ``agui`` extra) is imported only when the
+endpoint is set up, in :mod:`agentik_transport_agui.endpoint`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agentik import hookimpl
+from agentik.core.settings import Setting, Settings
+
+log = logging.getLogger(__name__)
+
+PATH = "AGENTIK_AGUI_PATH"
+MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik[agui]')"
+
+
+def protocol_installed() -> bool:
+    return importlib.util.find_spec("ag_ui") is not None
+
+
+def parse_route(raw: str) -> str:
+    path = raw.strip()
+    if not path.startswith("/") or len(path) < 2 or any(c in path for c in " ?#{}"):
+        raise ValueError("must be a URL path such as /agui (no spaces, query or braces)")
+    return path.rstrip("/")
+
+
+@hookimpl
+def register_settings(register: Callable[[Setting], None]) -> None:
+    register(Setting(PATH, "/agui", parse_route, "URL path of the AG-UI endpoint (POST)."))
+
+
+def setup(app: Any, agent: Any, settings: Settings) -> None:
+    if not protocol_installed():  # an optional extra: the rest of the server runs without it
+        log.warning(MISSING)
+        return
+    from agentik_transport_agui.endpoint import add_route
+
+    add_route(app, agent, settings[PATH])
+
+
+@hookimpl
+def register_transports(register: Callable[..., None]) -> None:
+    register("agui", setup)
+
+
+@hookimpl
+def banner_lines(settings: Settings) -> list[str]:
+    if not protocol_installed():
+        return [MISSING]
+    return [f"  POST {settings[PATH]:<43} -> SSE (AG-UI)"]

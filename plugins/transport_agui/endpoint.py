@@ -1,0 +1,246 @@
+"""``POST /agui``: one AG-UI run is one agentik turn (or, with no new user message, just a
+snapshot of the thread). How a client's ``messages`` meet the agent's history is in
+``docs/agui.md``; in short, only the user messages at the end of ``messages`` are new input,
+sent once (their id is the send's idempotency key), and a ``MESSAGES_SNAPSHOT`` follows
+``RUN_STARTED`` whenever the client's messages do not end where the agent's history does."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+
+from ag_ui.core import (
+    PROTOCOL_VERSION,
+    BaseEvent,
+    DataSource,
+    MessagesSnapshotEvent,
+    RunAgentInput,
+    RunStartedEvent,
+    UrlSource,
+    UserMessage,
+)
+from ag_ui.core import ImagePart as AguiImage
+from ag_ui.core import Message as AguiMessage
+from ag_ui.core import TextPart as AguiText
+from ag_ui.encoder import EventEncoder
+from aiohttp import web
+from pydantic import ValidationError
+
+from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
+from agentik.core.app import error_response
+from agentik.core.store import utcnow
+from agentik.core.types import (
+    ContentPart,
+    End,
+    Event,
+    Gap,
+    ImagePart,
+    InvalidInput,
+    Message,
+    MessageContext,
+    TextPart,
+)
+from agentik_transport_agui.translate import META, RunTranslator, client_id, history_messages
+
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+PAGE = 200  # history records read per query for a snapshot
+MAX_ID = 200  # a message id longer than this is no client's id (it keys a durable send)
+CLOSED = "the server stopped before the run ended; its reply is in the thread's history"
+
+
+def add_route(app: web.Application, agent: ChatAgent, path: str) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await run(request, agent)
+
+    app.router.add_post(path, handler)
+
+
+class NewInput:
+    """What a run brings that the agent has not seen: the trailing user messages."""
+
+    def __init__(self, body: RunAgentInput) -> None:
+        if body.tools:
+            raise Refused(
+                "client_tools_unsupported",
+                "this agent cannot call client-side tools (RunAgentInput.tools must be empty); "
+                "it calls only its own tools",
+            )
+        if body.resume:
+            raise Refused("resume_unsupported", "this agent never pauses a run for an interrupt")
+        messages = list(body.messages)
+        tail: list[UserMessage] = []
+        while messages and isinstance(last := messages[-1], UserMessage):
+            tail.insert(0, last)
+            messages.pop()
+        if not tail and messages and messages[-1].role == "tool":
+            raise Refused(
+                "client_tools_unsupported",
+                "a tool result from the client answers no call of this agent's (it calls only "
+                "its own tools)",
+            )
+        #: the messages the client already had before the new ones
+        self.prior_ids = {m.id for m in messages}
+        self.users = tail
+        if any(len(m.id) > MAX_ID for m in tail):
+            raise InvalidInput(f"a message id may be at most {MAX_ID} characters")
+        self.context = [f"- {c.description}: {c.value}" for c in body.context or ()]
+
+    def content(self) -> tuple[list[ContentPart], MessageContext]:
+        """The parts to send (one turn for all new user messages) and the context that keeps
+        the client's id of the last one and how many parts the ``context[]`` block took."""
+        parts: list[ContentPart] = []
+        if self.context:
+            parts.append(
+                TextPart("[Context from the client application]\n" + "\n".join(self.context))
+            )
+        added = len(parts)
+        for message in self.users:
+            parts.extend(_parts(message))
+        if len(parts) == added:
+            raise InvalidInput("the new user message has no content")
+        meta = {META: {"messageId": self.users[-1].id, "contextParts": added}}
+        return parts, MessageContext(metadata=meta)
+
+
+class Refused(InvalidInput):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _parts(message: UserMessage) -> list[ContentPart]:
+    if isinstance(message.content, str):
+        return [TextPart(message.content)] if message.content else []
+    parts: list[ContentPart] = []
+    for part in message.content:
+        if isinstance(part, AguiText):
+            parts.append(TextPart(part.text))
+        elif isinstance(part, AguiImage) and isinstance(part.source, DataSource | UrlSource):
+            mime = part.source.mime_type or "image/*"
+            if isinstance(part.source, DataSource):
+                parts.append(ImagePart(mime, data=part.source.value))
+            else:
+                parts.append(ImagePart(mime, url=part.source.value))
+        else:
+            kind = getattr(part, "type", type(part).__name__)
+            raise InvalidInput(f"message {message.id!r}: {kind} parts are not supported")
+    return parts
+
+
+def parse(raw: bytes) -> RunAgentInput:
+    try:
+        return RunAgentInput.model_validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise InvalidInput(f"not a RunAgentInput: {where}: {first['msg']}") from None
+
+
+async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
+    try:
+        body = parse(await request.read())
+        new = NewInput(body)
+        parts, context = new.content() if new.users else ([], None)  # refused before any write
+        conv = await agent.aliased_conversation("agui", body.thread_id)
+        if not new.users:
+            return await _stream(request, body, conv, None, None, snapshot=True)
+        recent = await conv.recent_turns(1)
+        known = [client_id(r) for r in recent if r.kind == "user"]
+        # in step: the client's messages end where the agent's history does
+        in_step = new.prior_ids >= set(known) if known else not new.prior_ids
+        after, started = conv.last_event_id, utcnow()
+        msg = await conv.send(parts, context, idempotency_key=f"agui:{new.users[-1].id}")
+    except Refused as e:
+        return error_response(400, e.code, str(e))
+    except InvalidInput as e:
+        return error_response(400, "invalid_request", str(e))
+    except ConversationClosed:
+        return error_response(
+            409, "conversation_closed", "this thread's conversation is being deleted"
+        )
+    # a retry of a run whose message the agent already took (the same last message id): its
+    # turn is not run again, and the client gets the thread as it is now
+    retried = msg.created_at < started
+    return await _stream(
+        request, body, conv, msg, after, snapshot=not in_step or retried, replay=retried
+    )
+
+
+async def _stream(
+    request: web.Request,
+    body: RunAgentInput,
+    conv: ChatConversation,
+    msg: Message | None,
+    after: int | None,
+    *,
+    snapshot: bool,
+    replay: bool = False,
+) -> web.StreamResponse:
+    encoder = EventEncoder(accept=request.headers.get("Accept", ""))
+    resp = web.StreamResponse(headers={"Content-Type": encoder.get_content_type(), **HEADERS})
+    await resp.prepare(request)
+    turn_id = msg.id if msg is not None else body.run_id
+    run = RunTranslator(body.thread_id, body.run_id, turn_id)
+
+    async def write(events: list[BaseEvent]) -> None:
+        data = "".join(encoder.encode(e) for e in events)
+        await resp.write(data.encode("utf-8", "replace"))
+
+    items = turn_batches(conv, msg.id, after) if msg is not None and not replay else None
+    try:
+        first: list[BaseEvent] = [
+            RunStartedEvent(
+                thread_id=body.thread_id,
+                run_id=body.run_id,
+                parent_run_id=body.parent_run_id,
+                protocol_version=PROTOCOL_VERSION,
+            )
+        ]
+        if snapshot:
+            first.append(MessagesSnapshotEvent(messages=await _history(conv)))
+        if items is None:  # nothing to run: the snapshot was asked for, or this run is a retry
+            await write([*first, run.finished()])
+            return resp
+        await write(first)
+        async for events in items:
+            out = run.feed_all(events)
+            if out:
+                await write(out)
+            if run.ended:
+                break
+        else:
+            await write(run.fail(CLOSED, "shutdown"))
+    except ConnectionError:
+        pass  # the client went away; the turn goes on without it
+    finally:
+        if items is not None:
+            with contextlib.suppress(Exception):
+                await items.aclose()
+    return resp
+
+
+async def turn_batches(
+    conv: ChatConversation, turn_id: str, after: int | None
+) -> AsyncGenerator[list[Event], None]:
+    """:meth:`ChatConversation.turn_events` in lists: the events of the turn published while
+    the stream was writing come in one list, so they make one write, and their text deltas one
+    ``TEXT_MESSAGE_CONTENT`` (the encoder's cost is per event: B21 in docs/PERFORMANCE.md)."""
+    batches = conv.event_batches(after)
+    try:
+        async for batch in batches:
+            mine = [i.event for i in batch if i.turn_id == turn_id or isinstance(i.event, Gap)]
+            if mine:
+                yield mine
+            if any(isinstance(i.event, End) and i.turn_id == turn_id for i in batch):
+                return
+    finally:
+        await batches.aclose()
+
+
+async def _history(conv: ChatConversation) -> list[AguiMessage]:
+    records: list[Message] = []
+    while True:
+        page = await conv.get_messages(None, len(records), PAGE)
+        records.extend(page)
+        if len(page) < PAGE:
+            return history_messages(records)

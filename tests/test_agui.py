@@ -1,0 +1,341 @@
+"""The AG-UI endpoint in-process over real loopback HTTP: reconciliation of a client's messages
+with the agent's history, the snapshot policy, context, refusals, and the way every stream ends
+(End, interrupt, error, lost events, a log closed by shutdown). Every stream is also checked by
+``ag-ui-validate`` (PyPI). ``tests/test_agui_e2e.py`` drives ``agentik serve`` with the real
+``@ag-ui/client``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+
+from agentik import hookimpl
+from agentik.core.app import AGENT, SETTINGS
+from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, Usage
+from agentik.core.testing import ScriptedLLM, make_app
+from agentik.core.tools import tool
+from agentik.core.types import AppendText, End, Gap, StartResponse
+
+AGUI = ("agentik_transport_agui",)
+
+
+@tool
+def add(a: int, b: int = 0) -> str:
+    """Add two numbers."""
+    return str(a + b)
+
+
+class AddTool:
+    @hookimpl
+    def register_tools(self, register: Any) -> None:
+        register(add)
+
+
+@pytest.fixture
+def make_client(aiohttp_client: Any, tmp_path: Any) -> Any:
+    async def make(llm: ScriptedLLM | None = None, **env: str) -> Any:
+        env = {"AGENTIK_DB_PATH": str(tmp_path / "a.db"), **env}
+        app = make_app(
+            llm=llm or ScriptedLLM(), plugins=[("add", AddTool())], builtins=AGUI, env=env
+        )
+        return await aiohttp_client(app)
+
+    return make
+
+
+def run_input(thread: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "threadId": thread,
+        "runId": extra.pop("runId", "run-1"),
+        "messages": messages,
+        "tools": [],
+        "context": [],
+        "state": {},
+        "forwardedProps": {},
+        **extra,
+    }
+
+
+def user(mid: str, text: str) -> dict[str, Any]:
+    return {"id": mid, "role": "user", "content": text}
+
+
+async def read_events(resp: Any) -> list[dict[str, Any]]:
+    """Every event of an AG-UI SSE response, each checked to be one ``data:`` frame."""
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    body = await asyncio.wait_for(resp.text(), 10)
+    frames = [f for f in body.split("\n\n") if f]
+    assert all(f.startswith("data: ") for f in frames), body
+    return [json.loads(f.removeprefix("data: ")) for f in frames]
+
+
+async def run(client: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    events = await read_events(await client.post("/agui", json=body))
+    assert_valid_agui(events, max_warnings=0)  # ag-ui-validate: no error, no warning
+    return events
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+async def test_a_text_turn_streams_as_one_run(make_client: Any) -> None:
+    client = await make_client(ScriptedLLM(["Hel", "lo", Usage(3, 2)]))
+    events = await run(client, run_input("t-1", [user("u-1", "hi")]))
+    assert types(events) == [
+        "RUN_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    started = events[0]
+    assert started["threadId"] == "t-1" and started["runId"] == "run-1"
+    assert started["protocolVersion"] == "1.0"
+    assert text_of(events) == "Hello"
+    assert events[-1] == {"type": "RUN_FINISHED", "threadId": "t-1", "runId": "run-1"}
+
+
+async def test_the_thread_is_one_durable_conversation_and_only_new_messages_are_sent(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM()
+    client = await make_client(llm)
+    first = await run(client, run_input("t-2", [user("u-1", "one")]))
+    reply = text_of(first)
+    assert reply == "echo: one"
+    # the client sends its whole history; only the new message at the end is new input
+    history = [
+        user("u-1", "one"),
+        {"id": first[1]["messageId"], "role": "assistant", "content": reply},
+        user("u-2", "two"),
+    ]
+    second = await run(client, run_input("t-2", history, runId="run-2"))
+    assert "MESSAGES_SNAPSHOT" not in types(second)  # the client is in step with the agent
+    assert text_of(second) == "echo: two"
+    agent = client.server.app[AGENT]
+    convs = await agent.list_conversations()
+    assert len(convs) == 1  # one thread, one conversation
+    records = await (await agent.get_conversation(convs[0].id)).get_messages()
+    assert [r.kind for r in records] == ["user", "assistant", "user", "assistant"]
+    assert len(llm.conversations) == 1  # the agent's own history, not the client's, was used
+
+
+async def test_a_new_thread_with_prior_history_gets_a_snapshot_of_what_the_agent_has(
+    make_client: Any,
+) -> None:
+    client = await make_client()
+    prior = [
+        user("old-1", "from another backend"),
+        {"id": "a-0", "role": "assistant", "content": "x"},
+    ]
+    events = await run(client, run_input("t-3", [*prior, user("u-1", "hello")]))
+    snapshot = events[1]
+    assert snapshot["type"] == "MESSAGES_SNAPSHOT"
+    # the prior messages are not imported: the snapshot shows only the new message
+    assert snapshot["messages"] == [{"id": "u-1", "role": "user", "content": "hello"}]
+    assert text_of(events) == "echo: hello"
+
+
+async def test_a_run_without_a_new_message_answers_with_the_whole_thread(make_client: Any) -> None:
+    client = await make_client(ScriptedLLM([ToolCallRequest("c-1", "add", '{"a": 1}')], ["done"]))
+    await run(client, run_input("t-4", [user("u-1", "add")]))
+    events = await run(client, run_input("t-4", [], runId="reconnect"))
+    assert types(events) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    messages = events[1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[0]["id"] == "u-1"
+    call = messages[1]["toolCalls"][0]
+    assert call["function"] == {"name": "add", "arguments": '{"a": 1}'}
+    assert messages[2]["toolCallId"] == call["id"] and messages[3]["content"] == "done"
+
+
+async def test_context_reaches_the_model_but_not_the_snapshot(make_client: Any) -> None:
+    llm = ScriptedLLM()
+    client = await make_client(llm)
+    context = [{"description": "the page the user is on", "value": "/settings"}]
+    await run(client, run_input("t-5", [user("u-1", "where am I?")], context=context))
+    sent = llm.received[0][0].text
+    assert "the page the user is on: /settings" in sent and sent.endswith("where am I?")
+    events = await run(client, run_input("t-5", [], runId="r2"))
+    assert events[1]["messages"][0] == {"id": "u-1", "role": "user", "content": "where am I?"}
+
+
+async def test_a_retried_run_does_not_send_its_message_twice(make_client: Any) -> None:
+    llm = ScriptedLLM()
+    client = await make_client(llm)
+    body = run_input("t-6", [user("u-1", "once")])
+    await run(client, body)
+    again = await run(client, body)
+    assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [m["role"] for m in again[1]["messages"]] == ["user", "assistant"]
+    assert len(llm.received) == 1
+
+
+async def test_reasoning_and_tool_calls_map_to_their_events(make_client: Any) -> None:
+    llm = ScriptedLLM([ReasoningDelta("think"), ToolCallRequest("c-1", "add", '{"a": 2}')], ["two"])
+    client = await make_client(llm)
+    events = await run(client, run_input("t-7", [user("u-1", "go")]))
+    assert types(events) == [
+        "RUN_STARTED",
+        "REASONING_START",
+        "REASONING_MESSAGE_START",
+        "REASONING_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_END",
+        "REASONING_END",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    start, result = events[6], events[9]
+    assert start["toolCallName"] == "add" and result["toolCallId"] == start["toolCallId"]
+
+
+async def test_an_llm_error_ends_the_run_with_run_error(make_client: Any) -> None:
+    client = await make_client(ScriptedLLM(LLMError("the model is down", "unavailable")))
+    events = await run(client, run_input("t-8", [user("u-1", "hi")]))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["message"] == "the model is down" and events[-1]["code"] == "unavailable"
+
+
+async def test_an_interrupted_turn_finishes_the_run_as_cancelled(make_client: Any) -> None:
+    client = await make_client(ScriptedLLM(["a"] * 200, delay=0.02))
+    resp = await client.post("/agui", json=run_input("t-9", [user("u-1", "long")]))
+    agent = client.server.app[AGENT]
+    first = await resp.content.readuntil(b"\n\n")
+    assert b"RUN_STARTED" in first
+    conv = await agent.aliased_conversation("agui", "t-9")
+    while not conv.busy:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert conv.interrupt()
+    events = [json.loads(first.decode().removeprefix("data: "))] + await read_events(resp)
+    assert_valid_agui(events, max_warnings=0)
+    assert types(events)[-2:] == ["TEXT_MESSAGE_END", "RUN_FINISHED"]
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+
+
+async def test_a_second_run_on_a_busy_thread_queues_and_streams_only_its_turn(
+    make_client: Any,
+) -> None:
+    client = await make_client(ScriptedLLM(["slow "] * 20, ["fast"], delay=0.01))
+    first = asyncio.create_task(run(client, run_input("t-10", [user("u-1", "a")])))
+    await asyncio.sleep(0.05)
+    second = await run(client, run_input("t-10", [user("u-2", "b")], runId="run-2"))
+    assert text_of(second) == "fast"
+    assert text_of(await first) == "slow " * 20
+
+
+async def test_a_log_closed_without_end_ends_the_run_with_run_error(make_client: Any) -> None:
+    client = await make_client(ScriptedLLM(["a"] * 100, delay=0.02))
+    resp = await client.post("/agui", json=run_input("t-11", [user("u-1", "x")]))
+    await resp.content.readuntil(b"TEXT_MESSAGE_CONTENT")
+    client.server.app[AGENT].end_streams()  # what shutdown does to every live stream
+    rest = await asyncio.wait_for(resp.text(), 10)
+    events = [json.loads(f.removeprefix("data: ")) for f in rest.split("\n\n")[1:] if f]
+    assert [e["type"] for e in events][-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
+    assert events[-1]["code"] == "shutdown"
+
+
+async def test_the_client_leaving_does_not_stop_the_turn(make_client: Any) -> None:
+    client = await make_client(ScriptedLLM(["a"] * 30, delay=0.01))
+    resp = await client.post("/agui", json=run_input("t-12", [user("u-1", "x")]))
+    await resp.content.readuntil(b"TEXT_MESSAGE_CONTENT")
+    resp.close()
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-12")
+    await asyncio.wait_for(conv.wait_idle(), 10)
+    records = await conv.get_messages()
+    assert records[-1].kind == "assistant" and records[-1].payload["text"] == "a" * 30
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (
+            run_input(
+                "t", [user("u", "x")], tools=[{"name": "f", "description": "d", "parameters": {}}]
+            ),
+            "client_tools_unsupported",
+        ),
+        (
+            run_input("t", [{"id": "r", "role": "tool", "toolCallId": "c", "content": "x"}]),
+            "client_tools_unsupported",
+        ),
+        ({"threadId": "t"}, "invalid_request"),
+        (run_input("t", [user("u", "")]), "invalid_request"),
+    ],
+)
+async def test_bad_input_is_refused_before_anything_runs(
+    make_client: Any, body: Any, code: str
+) -> None:
+    client = await make_client()
+    resp = await client.post("/agui", json=body)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == code
+    assert await client.server.app[AGENT].list_conversations() == []
+
+
+async def test_the_path_is_configurable_and_the_api_key_applies(make_client: Any) -> None:
+    key = "k" * 20
+    client = await make_client(AGENTIK_AGUI_PATH="/copilot", AGENTIK_API_KEY=key)
+    body = run_input("t-13", [user("u-1", "hi")])
+    assert (await client.post("/copilot", json=body)).status == 401
+    resp = await client.post("/copilot", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert text_of(await read_events(resp)) == "echo: hi"
+
+
+def test_lost_events_close_what_is_open_and_end_with_one_run_error() -> None:
+    from agentik_transport_agui.translate import RunTranslator
+
+    run = RunTranslator("t", "r", "turn")
+    out = run.feed(StartResponse()) + run.feed(AppendText("x")) + run.feed(Gap(5))
+    assert [e.type.value for e in out] == [
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_ERROR",
+    ]
+    assert run.ended and out[-1].code == "events_lost"
+
+
+def test_deltas_that_arrive_together_become_one_content_event() -> None:
+    from agentik_transport_agui.translate import RunTranslator
+
+    run = RunTranslator("t", "r", "turn")
+    events = [StartResponse(), AppendText("a"), AppendText("b"), AppendText("c"), End()]
+    out = run.feed_all([*events, AppendText("after the end")])
+    assert [e.type.value for e in out] == [
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    assert out[1].delta == "abc" and run.ended
+
+
+async def test_without_the_protocol_package_the_server_runs_without_the_route(
+    make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentik_transport_agui as plugin
+
+    monkeypatch.setattr(plugin, "protocol_installed", lambda: False)
+    client = await make_client()
+    assert (await client.post("/agui", json=run_input("t", [user("u", "x")]))).status == 404
+    settings = client.server.app[SETTINGS]
+    assert plugin.banner_lines(settings) == [plugin.MISSING]
+    assert "pip install 'agentik[agui]'" in plugin.MISSING

@@ -1,0 +1,174 @@
+"""The AG-UI endpoint end to end: the real ``@ag-ui/client`` (npm, ``tests/agui``) runs
+``HttpAgent.runAgent`` against ``agentik serve`` with the fake OpenAI server. The client throws
+on any protocol violation; every stream it read is also checked by ``ag-ui-validate`` (PyPI)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+
+from tests.conftest import ROOT, script_fake
+
+CLIENT = ROOT / "tests" / "agui"
+pytestmark = pytest.mark.skipif(
+    shutil.which("node") is None or not (CLIENT / "node_modules" / "@ag-ui" / "client").is_dir(),
+    reason="needs node and `npm ci --prefix tests/agui` (make test does both)",
+)
+KEY = "agui-test-key-0123456789"
+
+
+async def run_client(url: str, runs: list[dict[str, Any]], **config: Any) -> list[dict[str, Any]]:
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(CLIENT / "run.mjs"),
+        json.dumps({"url": url, "runs": runs, **config}),
+        cwd=CLIENT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    results: list[dict[str, Any]] = json.loads(out)
+    for result in results:  # the bytes the client read, checked by ag-ui-validate too
+        frames = [f for f in result["raw"].split("\n\n") if f]
+        assert all(f.startswith("data: ") for f in frames), result["raw"]
+        assert_valid_agui([json.loads(f.removeprefix("data: ")) for f in frames], max_warnings=0)
+    return results
+
+
+def user(mid: str, text: str) -> dict[str, Any]:
+    return {"id": mid, "role": "user", "content": text}
+
+
+def kinds(result: dict[str, Any]) -> list[str]:
+    return [e["type"] for e in result["events"]]
+
+
+def text_of(result: dict[str, Any]) -> str:
+    return "".join(e["delta"] for e in result["events"] if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+@pytest.fixture
+def agentik(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str, Any]:
+    """``agentik serve`` with the fake LLM, the time MCP server as its tool, and an API key."""
+    config = tmp_path / "mcp.json"
+    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
+    config.write_text(json.dumps({"mcpServers": {"time": time_server}}))
+    proc, base = serve(
+        {
+            "OPENAI_BASE_URL": fake_openai_proc,
+            "OPENAI_API_KEY": "fake",
+            "OPENAI_MODEL": "fake-model",
+            "AGENTIK_MCP_CONFIG": str(config),
+            "AGENTIK_API_KEY": KEY,
+        }
+    )
+    proc.wait_output("tokens:", timeout=30)  # the banner: the MCP server is up
+    assert "/agui" in proc.output
+    return base, fake_openai_proc, proc
+
+
+AUTH = {"headers": {"Authorization": f"Bearer {KEY}"}}
+
+
+async def busy_conversation(base: str) -> str:
+    """The id of the conversation running a turn, once one streams text (polled)."""
+    async with aiohttp.ClientSession(headers=AUTH["headers"]) as s:
+        for _ in range(300):
+            async with s.get(f"{base}/agentik/conversations") as r:
+                busy = [c["id"] for c in (await r.json())["items"] if c["busy"]]
+            if busy:
+                await asyncio.sleep(0.3)  # into the reply's text
+                return busy[0]
+            await asyncio.sleep(0.05)
+    raise AssertionError("no turn started")
+
+
+async def test_the_real_client_through_every_way_a_run_ends(
+    agentik: tuple[str, str, Any],
+) -> None:
+    """Plain text, a tool round, an LLM error, a reconnect, two runs on one thread, an
+    interrupt and a shutdown, each run by ``HttpAgent.runAgent`` (one server: its start-up is
+    the slow part)."""
+    base, fake, proc = agentik
+    url = f"{base}/agui"
+    body = {"threadId": "t", "runId": "r", "messages": []}
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
+        assert r.status == 401  # the app-wide key protects the route
+    await script_fake(
+        fake,
+        {"text": "Hello from the agent"},
+        {"tool_calls": [["time__get_current_time", {"timezone": "UTC"}]]},
+        {"text": "It is now."},
+        {"status": 400, "text": "the model refused"},
+    )
+    runs = [
+        {"threadId": "th-1", "messages": [user("u-1", "hi")]},
+        {"threadId": "th-1", "messages": [user("u-2", "what time is it?")], "follow": True},
+        {"threadId": "th-1", "messages": [user("u-3", "again")], "follow": True},
+        {"threadId": "th-1", "messages": []},  # a front end that reconnects with nothing
+    ]
+    plain, tools, failed, again = await run_client(url, runs, **AUTH)
+    assert [plain["error"], tools["error"], failed["error"], again["error"]] == [None] * 4
+    assert kinds(plain)[0] == "RUN_STARTED" and kinds(plain)[-1] == "RUN_FINISHED"
+    assert text_of(plain) == "Hello from the agent"
+    assert "MESSAGES_SNAPSHOT" not in kinds(tools)  # the client was in step
+    assert kinds(tools)[1:5] == [
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+    ]
+    assert "UTC" in tools["events"][4]["content"]  # the MCP time server answered
+    assert text_of(tools) == "It is now."
+    # a run that ends in RUN_ERROR is no protocol violation: runAgent resolves
+    assert kinds(failed) == ["RUN_STARTED", "RUN_ERROR"]
+    assert "the model refused" in failed["events"][-1]["message"]
+    assert kinds(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    roles = [m["role"] for m in again["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant", "tool", "assistant", "user"]
+    assert [m["id"] for m in again["messages"] if m["role"] == "user"] == ["u-1", "u-2", "u-3"]
+
+    slow = {"text": " ".join(["word"] * 40), "delay": 0.03}
+    await script_fake(fake, slow, {"text": "second reply"}, slow)
+    runs = [
+        {"threadId": "th-2", "messages": [user("u-1", "long")], "wait": False, "gapMs": 300},
+        {"threadId": "th-2", "messages": [user("u-2", "short")]},
+    ]
+    first, second = await run_client(url, runs, **AUTH)
+    assert first["error"] is None and second["error"] is None
+    assert text_of(first) == " ".join(["word"] * 40)  # each run streams only its own turn
+    assert text_of(second) == "second reply"
+
+    # an interrupt through the agent's own API ends the run as cancelled, nothing left open
+    async with aiohttp.ClientSession(headers=AUTH["headers"]) as s:
+        running = asyncio.create_task(
+            run_client(url, [{"threadId": "th-3", "messages": [user("u-1", "x")]}], **AUTH)
+        )
+        busy = await busy_conversation(base)
+        async with s.post(f"{base}/agentik/conversations/{busy}/interrupt") as r:
+            assert (await r.json())["interrupted"] is True
+        (cut,) = await running
+    assert cut["error"] is None
+    assert kinds(cut)[-2:] == ["TEXT_MESSAGE_END", "RUN_FINISHED"]
+    assert cut["events"][-1]["outcome"] == {"type": "cancelled"}
+
+    # the server stopping mid-run (SIGTERM): the running turn is interrupted and the run ends
+    await script_fake(fake, slow)
+    running = asyncio.create_task(
+        run_client(url, [{"threadId": "th-4", "messages": [user("u-1", "y")]}], **AUTH)
+    )
+    await busy_conversation(base)
+    assert await asyncio.to_thread(proc.stop) == 0
+    (stopped,) = await running
+    assert stopped["error"] is None
+    assert kinds(stopped)[-1] == "RUN_FINISHED"
+    assert stopped["events"][-1]["outcome"] == {"type": "cancelled"}
