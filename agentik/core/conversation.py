@@ -300,7 +300,7 @@ class ChatConversation:
         :meth:`turn_events` so nothing of that turn is missed."""
         return self._events.last_seq
 
-    async def turn_events(
+    def turn_events(
         self, turn_id: str, after: int | None = None
     ) -> AsyncGenerator[StreamItem, None]:
         """The items of one turn (``turn_id``: the id of the user message ``send`` returned),
@@ -316,15 +316,23 @@ class ChatConversation:
         yielded too. The stream also stops when the conversation's log closes (shutdown,
         deletion) before the turn ended; a turn that ended before ``after`` yields nothing
         until then, so check the history first when the turn may be over."""
-        items = self.event_items(after)
+        return flatten(self.turn_batches(turn_id, after))
+
+    async def turn_batches(
+        self, turn_id: str, after: int | None = None
+    ) -> AsyncGenerator[list[StreamItem], None]:
+        """:meth:`turn_events` in lists: what was published while the reader was busy comes
+        at once (one socket write, and a transport may join text deltas)."""
+        batches = self.event_batches(after)
         try:
-            async for item in items:
-                if item.turn_id == turn_id or isinstance(item.event, Gap):
-                    yield item
-                    if isinstance(item.event, End) and item.turn_id == turn_id:
-                        return
+            async for batch in batches:
+                mine = [i for i in batch if i.turn_id == turn_id or isinstance(i.event, Gap)]
+                if mine:
+                    yield mine
+                if any(isinstance(i.event, End) and i.turn_id == turn_id for i in mine):
+                    return
         finally:
-            await items.aclose()
+            await batches.aclose()
 
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0

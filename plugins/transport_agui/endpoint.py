@@ -7,7 +7,6 @@ sent once (their id is the send's idempotency key), and a ``MESSAGES_SNAPSHOT`` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
 
 from ag_ui.core import (
     PROTOCOL_VERSION,
@@ -31,9 +30,6 @@ from agentik.core.app import error_response
 from agentik.core.store import utcnow
 from agentik.core.types import (
     ContentPart,
-    End,
-    Event,
-    Gap,
     ImagePart,
     InvalidInput,
     Message,
@@ -186,7 +182,7 @@ async def _stream(
         data = "".join(encoder.encode(e) for e in events)
         await resp.write(data.encode("utf-8", "replace"))
 
-    items = turn_batches(conv, msg.id, after) if msg is not None and not replay else None
+    items = conv.turn_batches(msg.id, after) if msg is not None and not replay else None
     try:
         first: list[BaseEvent] = [
             RunStartedEvent(
@@ -202,8 +198,8 @@ async def _stream(
             await write([*first, run.finished()])
             return resp
         await write(first)
-        async for events in items:
-            out = run.feed_all(events)
+        async for batch in items:
+            out = run.feed_all([item.event for item in batch])
             if out:
                 await write(out)
             if run.ended:
@@ -217,24 +213,6 @@ async def _stream(
             with contextlib.suppress(Exception):
                 await items.aclose()
     return resp
-
-
-async def turn_batches(
-    conv: ChatConversation, turn_id: str, after: int | None
-) -> AsyncGenerator[list[Event], None]:
-    """:meth:`ChatConversation.turn_events` in lists: the events of the turn published while
-    the stream was writing come in one list, so they make one write, and their text deltas one
-    ``TEXT_MESSAGE_CONTENT`` (the encoder's cost is per event: B21 in docs/PERFORMANCE.md)."""
-    batches = conv.event_batches(after)
-    try:
-        async for batch in batches:
-            mine = [i.event for i in batch if i.turn_id == turn_id or isinstance(i.event, Gap)]
-            if mine:
-                yield mine
-            if any(isinstance(i.event, End) and i.turn_id == turn_id for i in batch):
-                return
-    finally:
-        await batches.aclose()
 
 
 async def _history(conv: ChatConversation) -> list[AguiMessage]:
