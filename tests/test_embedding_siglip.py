@@ -4,8 +4,8 @@
 ``tools/build_tiny_siglip.py``: a text tower of the same signature as the SigLIP2 ONNX export
 (``input_ids`` int64 in, ``pooler_output`` out), random weights, a BPE SentencePiece model with
 Gemma's special ids. The vectors are checked against a numpy forward pass written here from
-the same ONNX weights and SigLIP2's preprocessing as documented (docs/memory.md), not from the
-backend's code.
+the same ONNX weights and SigLIP2's preprocessing as documented (docs/embedding_siglip.md),
+not from the backend's code.
 
 Without onnxruntime/sentencepiece the module is skipped, visibly, except under ``CI=true``.
 """

@@ -4,7 +4,7 @@ sentencepiece), for the ``vector`` memory offline.
 Hooks only: onnxruntime, sentencepiece and numpy are imported by ``backend.py``, once this
 backend is chosen (``AGENTIK_EMBEDDING_BACKEND=siglip``) or ``agentik plugins`` looks at the
 model. What the model expects (tokens, padding, names, normalisation) and where each fact
-comes from: docs/memory.md, "The siglip embedding backend".
+comes from: docs/embedding_siglip.md.
 """
 
 from __future__ import annotations

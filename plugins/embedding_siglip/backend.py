@@ -1,6 +1,6 @@
 """SigLIP2 text embeddings with onnxruntime and sentencepiece (imported only when chosen).
 
-The preprocessing is SigLIP2's, from the sources listed in docs/memory.md: the text is
+The preprocessing is SigLIP2's, from the sources listed in docs/embedding_siglip.md: the text is
 lowercased, tokenized with the model's SentencePiece vocabulary (Gemma's) without a
 beginning-of-sequence token, cut to 63 tokens, ended with the end-of-sequence token and padded
 on the right with the pad id to 64 tokens. The model takes ``input_ids`` alone (no
