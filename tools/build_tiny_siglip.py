@@ -86,27 +86,29 @@ def train_tokenizer() -> bytes:
     return model.getvalue()
 
 
-def weights(vocab: int) -> dict[str, np.ndarray]:
+def weights(
+    vocab: int, hidden: int = HIDDEN, heads: int = HEADS, mlp: int = MLP, dimension: int = DIMENSION
+) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(15)
 
     def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     w = {
-        "token_embedding": normal(vocab, HIDDEN, scale=1.0),
-        "position_embedding": normal(POSITIONS, HIDDEN, scale=0.1),
-        "ln1_scale": 1 + normal(HIDDEN, scale=0.1),
-        "ln1_bias": normal(HIDDEN, scale=0.1),
-        "ln2_scale": 1 + normal(HIDDEN, scale=0.1),
-        "ln2_bias": normal(HIDDEN, scale=0.1),
-        "final_ln_scale": 1 + normal(HIDDEN, scale=0.1),
-        "final_ln_bias": normal(HIDDEN, scale=0.1),
-        "fc1_bias": normal(MLP, scale=0.1),
-        "fc2_bias": normal(HIDDEN, scale=0.1),
-        "head_bias": normal(DIMENSION, scale=0.1),
-        "attn_scale": np.array(1 / np.sqrt(HIDDEN // HEADS), dtype=np.float32),
-        "heads_shape": np.array([0, 0, HEADS, HIDDEN // HEADS], dtype=np.int64),
-        "merged_shape": np.array([0, 0, HIDDEN], dtype=np.int64),
+        "token_embedding": normal(vocab, hidden, scale=1.0),
+        "position_embedding": normal(POSITIONS, hidden, scale=0.1),
+        "ln1_scale": 1 + normal(hidden, scale=0.1),
+        "ln1_bias": normal(hidden, scale=0.1),
+        "ln2_scale": 1 + normal(hidden, scale=0.1),
+        "ln2_bias": normal(hidden, scale=0.1),
+        "final_ln_scale": 1 + normal(hidden, scale=0.1),
+        "final_ln_bias": normal(hidden, scale=0.1),
+        "fc1_bias": normal(mlp, scale=0.1),
+        "fc2_bias": normal(hidden, scale=0.1),
+        "head_bias": normal(dimension, scale=0.1),
+        "attn_scale": np.array(1 / np.sqrt(hidden // heads), dtype=np.float32),
+        "heads_shape": np.array([0, 0, heads, hidden // heads], dtype=np.int64),
+        "merged_shape": np.array([0, 0, hidden], dtype=np.int64),
         "gelu_half": np.array(0.5, dtype=np.float32),
         "gelu_one": np.array(1.0, dtype=np.float32),
         "gelu_sqrt2": np.array(np.sqrt(2.0), dtype=np.float32),
@@ -115,13 +117,14 @@ def weights(vocab: int) -> dict[str, np.ndarray]:
         "two": np.array([2], dtype=np.int64),
         "last": np.array(-1, dtype=np.int64),
     }
+    qk = 0.3 * (32 / hidden) ** 0.5
     for name in ("q", "k", "v", "o"):
         # q and k large: peaked attention, so the last (pad) position sees the words
-        w[f"{name}_weight"] = normal(HIDDEN, HIDDEN, scale=0.3 if name in "qk" else HIDDEN**-0.5)
-        w[f"{name}_bias"] = normal(HIDDEN, scale=0.05)
-    w["fc1_weight"] = normal(HIDDEN, MLP, scale=HIDDEN**-0.5)
-    w["fc2_weight"] = normal(MLP, HIDDEN, scale=MLP**-0.5)
-    w["head_weight"] = normal(HIDDEN, DIMENSION, scale=HIDDEN**-0.5)
+        w[f"{name}_weight"] = normal(hidden, hidden, scale=qk if name in "qk" else hidden**-0.5)
+        w[f"{name}_bias"] = normal(hidden, scale=0.05)
+    w["fc1_weight"] = normal(hidden, mlp, scale=hidden**-0.5)
+    w["fc2_weight"] = normal(mlp, hidden, scale=mlp**-0.5)
+    w["head_weight"] = normal(hidden, dimension, scale=hidden**-0.5)
     return w
 
 
@@ -194,6 +197,7 @@ def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
         node("MatMul", ["pooled", "head_weight"], ["head_mm"]),
         node("Add", ["head_mm", "head_bias"], ["pooler_output"]),
     ]
+    hidden, dimension = w["head_weight"].shape
     g = helper.make_graph(
         nodes,
         "tiny_siglip2_text",
@@ -204,10 +208,10 @@ def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
         ],
         [
             helper.make_tensor_value_info(
-                "last_hidden_state", TensorProto.FLOAT, ["batch_size", "sequence_length", HIDDEN]
+                "last_hidden_state", TensorProto.FLOAT, ["batch_size", "sequence_length", hidden]
             ),
             helper.make_tensor_value_info(
-                "pooler_output", TensorProto.FLOAT, ["batch_size", DIMENSION]
+                "pooler_output", TensorProto.FLOAT, ["batch_size", dimension]
             ),
         ],
         initializer=[numpy_helper.from_array(v, k) for k, v in sorted(w.items())],
@@ -222,11 +226,17 @@ def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
     return model
 
 
+def build(model: Path, tokenizer: Path, **shape: int) -> None:
+    """Write the tokenizer and the model; ``shape`` (hidden, heads, mlp, dimension) makes a wider
+    one of the same signature, as the benchmark does."""
+    tokenizer.write_bytes(train_tokenizer())
+    vocab = spm.SentencePieceProcessor(model_file=str(tokenizer)).get_piece_size()
+    onnx.save(graph(weights(vocab, **shape)), model)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    TOKENIZER.write_bytes(train_tokenizer())
-    vocab = spm.SentencePieceProcessor(model_file=str(TOKENIZER)).get_piece_size()
-    onnx.save(graph(weights(vocab)), MODEL)
+    build(MODEL, TOKENIZER)
     print(f"{MODEL}: {MODEL.stat().st_size} bytes; {TOKENIZER}: {TOKENIZER.stat().st_size} bytes")
 
 

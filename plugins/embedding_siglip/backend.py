@@ -66,9 +66,11 @@ class Tokenizer:
         self.eos_id = processor.eos_id()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        pieces = self.processor.encode([text.lower() for text in texts])
         ids = np.full((len(texts), self.length), self.pad_id, dtype=np.int64)
-        for row, tokens in zip(ids, pieces, strict=True):
+        for row, text in zip(ids, texts, strict=True):
+            # one text at a time: encoding a list starts a thread pool, slower for the few
+            # texts of a call (bench B12S)
+            tokens = self.processor.encode(text.lower())
             # truncation keeps room for the end-of-sequence token, as the HF tokenizer does
             tokens = [*tokens[: self.length - 1], self.eos_id]
             row[: len(tokens)] = tokens
@@ -107,6 +109,9 @@ def load_model(path: Path, threads: int) -> TextModel:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # errors only: its warnings are about graph optimisation
+    # idle intra-op threads sleep instead of spinning: the event loop and the rest of the
+    # server share these CPUs (bench B12S)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as e:
