@@ -128,6 +128,16 @@ def weights(
     return w
 
 
+def layer_norm(x: str, weights: str, out: str) -> onnx.NodeProto:
+    return helper.make_node(
+        "LayerNormalization",
+        [x, f"{weights}_scale", f"{weights}_bias"],
+        [out],
+        axis=-1,
+        epsilon=1e-6,  # SigLIP2's layer_norm_eps
+    )
+
+
 def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
     node = helper.make_node
     nodes = [
@@ -138,13 +148,7 @@ def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
         node("Slice", ["position_embedding", "zero", "seq_len", "zero"], ["positions"]),
         node("Add", ["tokens", "positions"], ["embedded"]),
         # encoder layer: x + attn(ln1(x)), then x + mlp(ln2(x))
-        node(
-            "LayerNormalization",
-            ["embedded", "ln1_scale", "ln1_bias"],
-            ["ln1"],
-            axis=-1,
-            epsilon=1e-6,
-        ),
+        layer_norm("embedded", "ln1", "ln1"),
     ]
     for name in ("q", "k", "v"):
         nodes += [
@@ -167,13 +171,7 @@ def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
         node("MatMul", ["attended", "o_weight"], ["o_mm"]),
         node("Add", ["o_mm", "o_bias"], ["attn_out"]),
         node("Add", ["embedded", "attn_out"], ["residual1"]),
-        node(
-            "LayerNormalization",
-            ["residual1", "ln2_scale", "ln2_bias"],
-            ["ln2"],
-            axis=-1,
-            epsilon=1e-6,
-        ),
+        layer_norm("residual1", "ln2", "ln2"),
         node("MatMul", ["ln2", "fc1_weight"], ["fc1_mm"]),
         node("Add", ["fc1_mm", "fc1_bias"], ["fc1"]),
         # exact GELU: 0.5 x (1 + erf(x / sqrt 2))
@@ -185,13 +183,7 @@ def graph(w: dict[str, np.ndarray]) -> onnx.ModelProto:
         node("MatMul", ["gelu", "fc2_weight"], ["fc2_mm"]),
         node("Add", ["fc2_mm", "fc2_bias"], ["mlp_out"]),
         node("Add", ["residual1", "mlp_out"], ["encoded"]),
-        node(
-            "LayerNormalization",
-            ["encoded", "final_ln_scale", "final_ln_bias"],
-            ["last_hidden_state"],
-            axis=-1,
-            epsilon=1e-6,
-        ),
+        layer_norm("encoded", "final_ln", "last_hidden_state"),
         # pooling: the last position, then the head
         node("Gather", ["last_hidden_state", "last"], ["pooled"], axis=1),
         node("MatMul", ["pooled", "head_weight"], ["head_mm"]),
