@@ -1,5 +1,5 @@
 """B12S: ``siglip`` embedding throughput (texts/s) through agentik vs the same ONNX session run
-by hand, in the same process and run, alternating A/B every repeat.
+by hand, in the same process and run, alternating A/B call by call.
 
 agentik: ``await backend.embed(texts)`` on the backend built by the plugin's registered
 factory (``registries(...)["embedding"].create("siglip", settings)``): SigLIP2's preprocessing,
@@ -65,14 +65,17 @@ async def measure(backend: Any, corpus: list[str], per_call: int, reps: int) -> 
     a: list[float] = []
     f: list[float] = []
     for rep in range(reps):
-        for side in ("agentik", "hand") if rep % 2 == 0 else ("hand", "agentik"):
-            t0 = pc()
-            for call in calls:
+        spent = {"agentik": 0, "hand": 0}
+        for i, call in enumerate(calls):  # A/B call by call: the load here drifts within seconds
+            for side in ("agentik", "hand") if (rep + i) % 2 == 0 else ("hand", "agentik"):
+                t0 = pc()
                 if side == "agentik":
                     await backend.embed(call)
                 else:
                     by_hand(session, sp, call)
-            (a if side == "agentik" else f).append(len(corpus) / ((pc() - t0) / 1e9))
+                spent[side] += pc() - t0
+        a.append(len(corpus) / (spent["agentik"] / 1e9))
+        f.append(len(corpus) / (spent["hand"] / 1e9))
     same = np.abs(await backend.embed(calls[0]) - by_hand(session, sp, calls[0])).max()
     return {"agentik": stats(a), "hand": stats(f), "max_abs_diff": float(same)}
 
@@ -126,7 +129,8 @@ async def main(args: Any) -> dict[str, Any]:
         "title": "siglip embedding throughput",
         "rows": rows,
         "notes": [
-            f"{reps} repeats per row, A/B alternating; texts/s over all calls of a repeat; "
+            f"{reps} repeats per row, A/B alternating call by call; texts/s over all calls of "
+            "a repeat; "
             "by hand = the backend's own InferenceSession, synchronous on the calling thread",
             "tiny = tests/models/tiny_siglip_text.onnx (hidden 32); wide = hidden 768, one "
             "encoder layer (about 1/12 of SigLIP2-base's compute per text)",
