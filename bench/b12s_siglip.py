@@ -18,6 +18,8 @@ text per call (a prefetch), 32 (a batch of saves) and 256 (a rebuild). ``AGENTIK
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import random
 import sys
 import time
@@ -80,6 +82,22 @@ async def measure(backend: Any, corpus: list[str], per_call: int, reps: int) -> 
     return {"agentik": stats(a), "hand": stats(f), "max_abs_diff": float(same)}
 
 
+async def thread_round_trip(n: int) -> dict[str, float]:
+    """µs for the loop to hand an empty function to a one-worker executor and get it back: what
+    every ``embed`` call pays to keep the model off the event loop."""
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+    loop = asyncio.get_running_loop()
+    out = []
+    try:
+        for _ in range(n):
+            t0 = pc()
+            await loop.run_in_executor(executor, int)
+            out.append((pc() - t0) / 1e3)
+    finally:
+        executor.shutdown()
+    return stats(out)
+
+
 async def main(args: Any) -> dict[str, Any]:
     reps = common.repeats(args, 7, 2)
     tmp = common.tmpdir()
@@ -124,6 +142,15 @@ async def main(args: Any) -> dict[str, Any]:
                     )
             finally:
                 await backend.close()
+    rows.append(
+        row(
+            "thread round trip per call (an empty function on a one-worker executor)",
+            await thread_round_trip(500),
+            unit="µs",
+            target="(info)",
+            note="the part of a call's cost that does not shrink with the model",
+        )
+    )
     return {
         "id": "B12S",
         "title": "siglip embedding throughput",
