@@ -299,3 +299,18 @@ def test_agentik_plugins_shows_the_model_or_what_is_wrong(tmp_path):
         f"AGENTIK_EMBEDDING_TOKENIZER_PATH={str(tmp_path / 'tokenizer.model')!r}: no such file"
     )
     assert plugins_report()["details"] is None  # not configured: nothing to say
+
+
+def test_details_name_what_is_missing_once_siglip_is_chosen():
+    import agentik_embedding_siglip as plugin
+    from agentik.core.settings import Setting, Settings
+
+    chooser = Setting("AGENTIK_EMBEDDING_BACKEND")  # the core's switch
+    settings = Settings([*plugin.SETTINGS, chooser], {"AGENTIK_EMBEDDING_BACKEND": "siglip"})
+    assert plugin.plugin_details(settings) == {
+        "model": None,
+        "tokenizer": None,
+        "error": "AGENTIK_EMBEDDING_MODEL_PATH, AGENTIK_EMBEDDING_TOKENIZER_PATH must be set",
+    }
+    other = Settings([*plugin.SETTINGS, chooser], {"AGENTIK_EMBEDDING_BACKEND": "http"})
+    assert plugin.plugin_details(other) is None

@@ -65,11 +65,13 @@ def register_embedding_backends(register: Callable[..., None]) -> None:
 @hookimpl
 def plugin_details(settings: Settings) -> dict[str, Any] | None:
     """For ``agentik plugins``: what the model and tokenizer files are, or what is wrong."""
-    if settings.get(MODEL_PATH) is None and settings.get(TOKENIZER_PATH) is None:
+    model, tokenizer = settings.get(MODEL_PATH), settings.get(TOKENIZER_PATH)
+    chosen = str(settings.get("AGENTIK_EMBEDDING_BACKEND") or "").strip().lower() == "siglip"
+    if model is None and tokenizer is None and not chosen:
         return None
     report: dict[str, Any] = {
-        "model": str(settings.get(MODEL_PATH)),
-        "tokenizer": str(settings.get(TOKENIZER_PATH)),
+        "model": str(model) if model else None,
+        "tokenizer": str(tokenizer) if tokenizer else None,
     }
     try:
         from agentik_embedding_siglip.backend import load
