@@ -19,10 +19,10 @@ numpy reference computed from these same weights, not with meanings.
 
 The tokenizer is a SentencePiece BPE model (like Gemma's, which SigLIP2 uses) trained on a few
 lines below, with Gemma's special ids: ``<pad>`` 0, ``</s>`` (eos) 1, ``<s>`` (bos) 2,
-``<unk>`` 3, identity normalisation and no dummy prefix. Regenerate with::
+``<unk>`` 3, identity normalisation and no dummy prefix.
 
-    .venv/bin/pip install onnx sentencepiece      # both come with `make install-test`
-    .venv/bin/python tools/build_tiny_siglip.py
+Regenerate with ``make tiny-siglip`` (onnx and sentencepiece come with ``make install-test``);
+the output is the same bytes every time.
 """
 
 from __future__ import annotations
