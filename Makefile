@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install install-test serve test test-real lint typecheck unit bench tiny-model clean
+.PHONY: install install-test serve test test-real lint typecheck unit bench tiny-model tiny-siglip clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "agentik needs Python 3.11 or newer (python3)"; exit 1; }
@@ -76,6 +76,11 @@ tiny-model:                        ## rebuild the tiny LiteRT-LM test model (opt
 	$(LITERT_BUILD)/bin/pip install -q torch==2.13.0
 	$(LITERT_BUILD)/bin/pip install -q litert-torch==0.10.0 litert-lm-builder==0.18.1 sentencepiece
 	OMP_NUM_THREADS=1 $(LITERT_BUILD)/bin/python tools/build_tiny_litertlm.py
+
+# rebuild tests/models/tiny_siglip_text.onnx + tiny_siglip.model (onnx and sentencepiece come
+# with install-test; the build is deterministic)
+tiny-siglip: install-test           ## rebuild the tiny SigLIP2-signature embedding test model
+	$(BIN)/python tools/build_tiny_siglip.py
 
 clean:
 	rm -rf $(VENV) $(LITERT_BUILD) $(REAL_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -173,9 +173,10 @@ def test_temporary_plugin_registers_for_a_block():
 def test_builtin_plugins_import_no_heavy_module():
     code = (
         "import sys, agentik.core.cli, agentik_llm_openai, agentik_transport_http,"
-        " agentik_tools_mcp, agentik_llm_litert;"
+        " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip;"
         "from agentik.core.plugins import make_plugins; make_plugins();"
-        "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'mcp', 'litert_lm')"
+        "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'mcp', 'litert_lm',"
+        " 'onnxruntime', 'sentencepiece', 'numpy')"
         " if m in sys.modules];"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )
