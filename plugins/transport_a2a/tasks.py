@@ -1,0 +1,138 @@
+"""Durable A2A tasks: one ``a2a_task`` row a task, the whole Task (status, history, artifacts,
+metadata) as its A2A 1.0 JSON, beside the columns lists filter on. Portable SQL only (peewee)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import peewee
+from a2a.types import a2a_pb2 as pb
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from agentik.core.store import utcnow
+
+if TYPE_CHECKING:
+    from agentik.core.db import Database
+
+
+class A2ATask(peewee.Model):
+    seq = peewee.AutoField()
+    id = peewee.TextField(unique=True)
+    context_id = peewee.TextField(index=True)
+    conversation_id = peewee.TextField()
+    turn_id = peewee.TextField()  # the user message the task's turn answers
+    state = peewee.TextField(index=True)  # TASK_STATE_*
+    task_json = peewee.TextField()
+    created_at = peewee.TextField()
+    updated_at = peewee.TextField()
+
+    class Meta:
+        table_name = "a2a_task"
+
+
+def task_model() -> type[A2ATask]:
+    """A subclass per agent: peewee binds a model class to one database (tests run several)."""
+
+    class AgentA2ATask(A2ATask):
+        class Meta:
+            table_name = "a2a_task"
+
+    return AgentA2ATask
+
+
+class StoredTask:
+    __slots__ = ("conversation_id", "task", "turn_id")
+
+    def __init__(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
+        self.task, self.conversation_id, self.turn_id = task, conversation_id, turn_id
+
+
+def _parse(row: Any) -> StoredTask:
+    task = ParseDict(json.loads(row.task_json), pb.Task(), ignore_unknown_fields=True)
+    return StoredTask(task, row.conversation_id, row.turn_id)
+
+
+def _dump(task: pb.Task) -> str:
+    return json.dumps(MessageToDict(task), ensure_ascii=False, separators=(",", ":"))
+
+
+class TaskStore:
+    def __init__(self, db: Database, model: type[A2ATask]) -> None:
+        self.db, self.model = db, model
+
+    async def insert(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
+        now = utcnow().isoformat()
+        row = {
+            "id": task.id,
+            "context_id": task.context_id,
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "state": pb.TaskState.Name(task.status.state),
+            "task_json": _dump(task),
+            "created_at": now,
+            "updated_at": now,
+        }
+        await self.db.write(lambda: self.model.insert(**row).execute())
+
+    async def save(self, task: pb.Task) -> None:
+        m = self.model
+        query = m.update(
+            state=pb.TaskState.Name(task.status.state),
+            task_json=_dump(task),
+            updated_at=utcnow().isoformat(),
+        ).where(m.id == task.id)
+        await self.db.write(query.execute)
+
+    async def get(self, task_id: str) -> StoredTask | None:
+        m = self.model
+        row = await self.db.read(lambda: m.get_or_none(m.id == task_id))
+        return None if row is None else _parse(row)
+
+    async def page(
+        self,
+        context_id: str = "",
+        state: int = 0,
+        updated_after: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[pb.Task], int]:
+        """Tasks most recently updated first, and how many match in all."""
+        m = self.model
+        query = m.select()
+        if context_id:
+            query = query.where(m.context_id == context_id)
+        if state:
+            query = query.where(m.state == pb.TaskState.Name(state))  # type: ignore[arg-type]
+        if updated_after:
+            query = query.where(m.updated_at >= updated_after)
+
+        def run() -> tuple[list[pb.Task], int]:
+            rows = query.order_by(m.updated_at.desc(), m.seq.desc()).offset(offset).limit(limit)
+            return [_parse(r).task for r in rows], query.count()
+
+        return await self.db.read(run)
+
+    async def unfinished(self, terminal: set[str]) -> list[StoredTask]:
+        m = self.model
+        rows = await self.db.read(lambda: list(m.select().where(m.state.not_in(terminal))))
+        return [_parse(r) for r in rows]
+
+    async def turn_end(self, turn_id: str) -> tuple[str, dict[str, Any]] | None:
+        """How the core recorded the end of a turn: (``assistant`` | ``error``, payload), or
+        None while it has not ended (read from the audit log, the truth after a restart)."""
+
+        audit = peewee.Table("message", ("seq", "kind", "turn_id", "payload_json")).bind(self.db.db)
+        query = (
+            audit.select(audit.kind, audit.payload_json)
+            .where((audit.turn_id == turn_id) & audit.kind.in_(["assistant", "error"]))
+            .order_by(audit.seq)
+            .limit(1)
+            .tuples()
+        )
+
+        def q() -> tuple[str, dict[str, Any]] | None:
+            row = query.first()
+            return None if row is None else (row[0], json.loads(row[1]))
+
+        return await self.db.read(q)
