@@ -12,7 +12,7 @@ import httpx
 from a2a.client import ClientConfig, create_client
 from a2a.types import a2a_pb2 as pb
 
-from tests.conftest import script_fake
+from tests.conftest import ROOT, read_sse, script_fake
 from tests.test_serve import openai_env
 
 KEY = "a2a-e2e-key-0123456789"
@@ -27,6 +27,15 @@ def message(text: str, context_id: str = "") -> pb.SendMessageRequest:
             parts=[pb.Part(text=text)],
         )
     )
+
+
+def wire_message(text: str, message_id: str, context_id: str = "") -> dict:
+    return {
+        "role": "ROLE_USER",
+        "messageId": message_id,
+        "contextId": context_id,
+        "parts": [{"text": text}],
+    }
 
 
 async def fake_requests(fake: str) -> list[dict]:
@@ -167,3 +176,91 @@ async def test_kill_9_mid_task_then_restart(serve, fake_openai_proc):
         assert again["metadata"]["agentikConversationId"] == cid
         assert again["status"]["state"] == "TASK_STATE_COMPLETED"
     await asyncio.sleep(0)
+
+
+async def test_the_a2a_js_client(serve, fake_openai_proc):
+    """@a2a-js/sdk (tests/a2a/client.mjs): send, stream in the same context, get, list, and a
+    missing task's error as its typed error, with an API key."""
+    _, base = serve({**openai_env(fake_openai_proc), "AGENTIK_API_KEY": KEY})
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(ROOT / "tests" / "a2a" / "client.mjs"),
+        base,
+        KEY,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["sent"]["state"] == pb.TASK_STATE_COMPLETED
+    assert seen["sent"]["text"] == "echo: hello js"
+    assert seen["sent"]["conversationId"].startswith("conv-")
+    assert seen["stream"]["kinds"][0] == "task" and seen["stream"]["kinds"][-1] == "statusUpdate"
+    assert "artifactUpdate" in seen["stream"]["kinds"]
+    assert seen["stream"]["text"] == "echo: stream js" and seen["stream"]["last"] == 3
+    assert seen["got"] == {"state": pb.TASK_STATE_COMPLETED, "text": "echo: stream js"}
+    assert seen["listed"] == {"ids": [seen["stream"]["id"], seen["sent"]["id"]], "total": 2}
+    assert seen["missing"]["name"] == "JsonRpcTaskNotFoundError"
+    records = await history(
+        base, seen["sent"]["conversationId"], {"Authorization": f"Bearer {KEY}"}
+    )
+    assert [r["type"] for r in records] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_20_a2a_streams_and_20_sse_listeners(serve, fake_openai_proc):
+    """20 A2A clients stream at once, each in its own context, while an HTTP SSE listener
+    follows each conversation: every A2A stream and every SSE stream is complete and ordered."""
+    _, base = serve(openai_env(fake_openai_proc))
+    n, chunks = 20, 30
+    words = " ".join(f"w{i}" for i in range(chunks))
+    async with aiohttp.ClientSession(headers={"A2A-Version": "1.0"}) as s:
+        # a first turn in each context makes the conversations to listen to
+        contexts = [f"ctx-{i}" for i in range(n)]
+        cids = []
+        for ctx in contexts:
+            body = {
+                "jsonrpc": "2.0",
+                "id": ctx,
+                "method": "SendMessage",
+                "params": {"message": wire_message("first", ctx, ctx)},
+            }
+            async with s.post(base + "/a2a/", json=body) as r:
+                cids.append((await r.json())["result"]["task"]["metadata"]["agentikConversationId"])
+
+        async def listen(cid: str) -> list[str]:
+            async with s.get(f"{base}/agentik/conversations/{cid}/events") as r:
+                frames = await read_sse(r, timeout=60)
+            return [f["data"]["text"] for f in frames if f["event"] == "AppendText"]
+
+        async def stream(ctx: str) -> list[dict]:
+            body = {
+                "jsonrpc": "2.0",
+                "id": ctx,
+                "method": "SendStreamingMessage",
+                "params": {"message": wire_message("second", ctx + "-2", ctx)},
+            }
+            results = []
+            async with s.post(base + "/a2a/", json=body) as r:
+                async for raw in r.content:
+                    line = raw.decode().strip()
+                    if line.startswith("data: "):
+                        results.append(json.loads(line[6:])["result"])
+            return results
+
+        await script_fake(fake_openai_proc, *[{"text": words, "chunks": chunks}] * n)
+        listeners = [asyncio.ensure_future(listen(cid)) for cid in cids]
+        await asyncio.sleep(0.3)  # the listeners are subscribed
+        streams = await asyncio.wait_for(asyncio.gather(*(stream(c) for c in contexts)), 90)
+        heard = await asyncio.wait_for(asyncio.gather(*listeners), 30)
+    expected = words.split(" ")
+    for ctx, results, sse_text in zip(contexts, streams, heard, strict=True):
+        assert results[0]["task"]["contextId"] == ctx
+        text = [
+            r["artifactUpdate"]["artifact"]["parts"][0]["text"]
+            for r in results
+            if "artifactUpdate" in r
+        ]
+        assert "".join(text).split() == expected, ctx
+        assert results[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert "".join(sse_text) == "".join(text)
