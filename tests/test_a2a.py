@@ -406,3 +406,28 @@ async def test_list_tasks_paged_and_filtered(aiohttp_client, tmp_path):
     assert rest["tasks"][0]["artifacts"][0]["parts"] == [{"text": "echo: a"}]
     everything = (await rpc(client, "ListTasks", {}))["result"]
     assert everything["totalSize"] == 4
+
+
+async def test_a_queued_task_survives_a_clean_restart(aiohttp_client, tmp_path):
+    """A stop interrupts the running turn (its task ends CANCELED, as the turn was) and keeps
+    the queued one, which runs after the next start: its task is followed again to its end."""
+    llm = ScriptedLLM([f"s{i} " for i in range(500)], delay=0.01)
+    client = await aiohttp_client(a2a_app(tmp_path, llm=llm))
+    now = {"configuration": {"returnImmediately": True}}
+    first = (await rpc(client, "SendMessage", {"message": text_message("one"), **now}))["result"]
+    context = first["task"]["contextId"]
+    second = (
+        await rpc(client, "SendMessage", {"message": text_message("two", contextId=context), **now})
+    )["result"]["task"]
+    await asyncio.sleep(0.1)
+    await client.close()  # a clean stop
+    client = await aiohttp_client(a2a_app(tmp_path, llm=ScriptedLLM(["after", " restart"])))
+    for _ in range(300):
+        got = (await rpc(client, "GetTask", {"id": second["id"]}))["result"]
+        if got["status"]["state"] == "TASK_STATE_COMPLETED":
+            break
+        await asyncio.sleep(0.02)
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED", got["status"]["message"]["parts"]
+    assert got["artifacts"][0]["parts"] == [{"text": "after restart"}]
+    old = (await rpc(client, "GetTask", {"id": first["task"]["id"]}))["result"]
+    assert old["status"]["state"] == "TASK_STATE_CANCELED"

@@ -1,7 +1,7 @@
 """A2A tasks on the agent (seed A2aBridge): a message is a ``send`` to the conversation its
 ``contextId`` names, its task follows that one turn (``turn_events``) whoever listens, and every
 task is durable (:mod:`agentik_transport_a2a.tasks`). Works in A2A 1.0 types; the JSON-RPC layer
-(:mod:`agentik_transport_a2a.rpc`) converts for 0.3 clients."""
+(:mod:`agentik_transport_a2a.jsonrpc`) converts for 0.3 clients."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from a2a.types import a2a_pb2 as pb
@@ -80,6 +81,7 @@ class TaskRun:
         self.task, self.conv, self.turn_id = task, conv, turn_id
         self.updates: list[Update] = []
         self.started = False  # its turn emitted its first event
+        self.turn_over = False  # its turn emitted its End
         self.cancel_requested = False
         self.finished = asyncio.Event()
         self._news: asyncio.Future[None] | None = None
@@ -249,6 +251,11 @@ class A2AService:
             raise errors.TaskNotCancelableError(
                 message=f"task {request.id} is {S.Name(run.task.status.state)}"
             )
+        if run.turn_over:  # its end is being recorded
+            await run.finished.wait()
+            raise errors.TaskNotCancelableError(
+                message=f"task {request.id} is {S.Name(run.task.status.state)}"
+            )
         run.cancel_requested = True
         if run.started and run.conv.interrupt():
             await run.finished.wait()
@@ -282,7 +289,7 @@ class A2AService:
         offset = int(token or 0)
         after = ""
         if request.HasField("status_timestamp_after"):
-            after = request.status_timestamp_after.ToDatetime().isoformat()
+            after = request.status_timestamp_after.ToDatetime(tzinfo=UTC).isoformat()
         tasks, total = await self.store.page(
             request.context_id, request.status, after, offset, size
         )
@@ -328,6 +335,7 @@ class A2AService:
                     elif task.status.state == S.TASK_STATE_SUBMITTED:
                         task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
                         run.publish(Update("status_update", self._status_event(task)))
+                        await self.store.save(task)  # ListTasks filters on the stored state
                 if isinstance(event, AppendText):
                     if not event.reasoning:
                         run.publish(
@@ -352,14 +360,14 @@ class A2AService:
                 elif isinstance(event, Interrupted):
                     interrupted = True
                 elif isinstance(event, End):
-                    ended = True
+                    ended = run.turn_over = True
             end = None if ended and not lost else await self.store.turn_end(run.turn_id)
             if end is not None:
                 self._settle_from_record(task, *end, cancel=run.cancel_requested)
             elif not ended:
-                self._settle(
-                    task, S.TASK_STATE_FAILED, "", "the server stopped before the turn ended"
-                )
+                # the log closed (shutdown) before the turn ran: it runs after the next start,
+                # where recover() follows it again
+                return
             elif error is not None:
                 self._settle(task, S.TASK_STATE_FAILED, "".join(text), error)
             elif interrupted or run.cancel_requested:
