@@ -44,6 +44,7 @@ SUITE = {  # id -> (module, timeout s)
     "B16": ("b16_trivial_route.py", 240),
     "B17": ("b17_litert.py", 240),
     "B18": ("b18_skills.py", 400),
+    "B19": ("b19_a2a.py", 400),
 }
 
 

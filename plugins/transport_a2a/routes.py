@@ -149,9 +149,15 @@ class A2ARoutes:
             await response.write(jsonrpc.stream_frame(call, Update("task", task)))
             if task.status.state in TERMINAL:
                 return response
-            async for update in run.follow(start):
-                await response.write(jsonrpc.stream_frame(call, update))
-                if update.kind == "status_update" and update.value.status.state in TERMINAL:
+            async for batch in run.follow(start):  # one write for all that came meanwhile
+                frames, done = [], False
+                for update in batch:
+                    frames.append(jsonrpc.stream_frame(call, update))
+                    if update.kind == "status_update" and update.value.status.state in TERMINAL:
+                        done = True
+                        break
+                await response.write(b"".join(frames))
+                if done:
                     break
         except (ConnectionError, asyncio.CancelledError):
             pass  # the client left; the task goes on

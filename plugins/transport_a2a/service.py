@@ -84,7 +84,7 @@ class TaskRun:
         self.turn_over = False  # its turn emitted its End
         self.cancel_requested = False
         self.finished = asyncio.Event()
-        self._news: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
         self.runner: asyncio.Task[None] | None = None
 
     def publish(self, update: Update) -> None:
@@ -96,9 +96,10 @@ class TaskRun:
         self._wake()
 
     def _wake(self) -> None:
-        news, self._news = self._news, None
-        if news is not None and not news.done():
-            news.set_result(None)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled reader's own future is done
+                waiter.set_result(None)
 
     def snapshot(self) -> tuple[pb.Task, int]:
         """A copy of the task now and the index of the first update after it."""
@@ -106,18 +107,22 @@ class TaskRun:
         copy.CopyFrom(self.task)
         return copy, len(self.updates)
 
-    async def follow(self, start: int) -> AsyncIterator[Update]:
-        """The updates from index ``start`` until the task ends."""
+    async def follow(self, start: int) -> AsyncIterator[list[Update]]:
+        """The updates from index ``start`` until the task ends, in lists: all that came while
+        the reader was busy (one socket write for SSE)."""
         cursor = start
+        loop = asyncio.get_running_loop()
         while True:
-            while cursor < len(self.updates):
-                cursor += 1
-                yield self.updates[cursor - 1]
+            if cursor < len(self.updates):
+                batch = self.updates[cursor:]
+                cursor += len(batch)
+                yield batch
+                continue
             if self.finished.is_set():
                 return
-            if self._news is None:
-                self._news = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._news)
+            waiter = loop.create_future()  # one per reader: a reader that leaves cancels its own
+            self._waiters.append(waiter)
+            await waiter
 
 
 class A2AService:
