@@ -406,6 +406,18 @@ async def test_list_tasks_paged_and_filtered(aiohttp_client, tmp_path):
     assert rest["tasks"][0]["artifacts"][0]["parts"] == [{"text": "echo: a"}]
     everything = (await rpc(client, "ListTasks", {}))["result"]
     assert everything["totalSize"] == 4
+    since = {"statusTimestampAfter": "2000-01-01T00:00:00Z"}
+    assert (await rpc(client, "ListTasks", since))["result"]["totalSize"] == 4
+    later = {"statusTimestampAfter": "2999-01-01T00:00:00Z"}
+    assert (await rpc(client, "ListTasks", later))["result"] == {
+        "tasks": [],
+        "nextPageToken": "",
+        "pageSize": 50,
+        "totalSize": 0,
+    }
+    # the parse error of a2a-sdk's own table (it gives the reason UNKNOWN_ERROR)
+    r = await client.post("/a2a/", data=b"{", headers={"Content-Type": "application/json"})
+    assert reason(await r.json()) == "UNKNOWN_ERROR"
 
 
 async def test_a_queued_task_survives_a_clean_restart(aiohttp_client, tmp_path):
