@@ -443,3 +443,23 @@ async def test_a_queued_task_survives_a_clean_restart(aiohttp_client, tmp_path):
     assert got["artifacts"][0]["parts"] == [{"text": "after restart"}]
     old = (await rpc(client, "GetTask", {"id": first["task"]["id"]}))["result"]
     assert old["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+async def test_image_parts_only_for_a_model_that_takes_images(aiohttp_client, tmp_path):
+    llm = ScriptedLLM(["a red dot"])
+    llm.capabilities = {"image_input": True}
+    client = await aiohttp_client(a2a_app(tmp_path, llm=llm))
+    image = {"raw": "iVBORw0KGgo=", "mediaType": "image/png"}
+    params = {"message": {**text_message("what is it"), "parts": [{"text": "what?"}, image]}}
+    task = (await rpc(client, "SendMessage", params))["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    (sent,) = llm.received
+    assert [(i.mime_type, i.data) for i in sent[0].images] == [("image/png", "iVBORw0KGgo=")]
+    cid = task["metadata"]["agentikConversationId"]
+    first = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"][0]
+    assert first["content"][1] == {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="}
+    # a file that is not an image is refused all the same
+    pdf = {"raw": "JVBERi0=", "mediaType": "application/pdf"}
+    params = {"message": {**text_message("doc"), "parts": [pdf]}}
+    answer = await rpc(client, "SendMessage", params)
+    assert answer["error"]["code"] == -32005 and "application/pdf" in answer["error"]["message"]

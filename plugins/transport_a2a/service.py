@@ -6,6 +6,7 @@ task is durable (:mod:`agentik_transport_a2a.tasks`). Works in A2A 1.0 types; th
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import uuid
@@ -20,9 +21,11 @@ from a2a.utils.task import apply_history_length
 from agentik.core.agent import ConversationClosed
 from agentik.core.types import (
     AppendText,
+    ContentPart,
     End,
     Error,
     Gap,
+    ImagePart,
     Interrupted,
     InvalidInput,
     TextPart,
@@ -179,14 +182,7 @@ class A2AService:
             raise errors.InvalidParamsError(message="message.role must be ROLE_USER")
         if not message.parts:
             raise errors.InvalidParamsError(message="message.parts must not be empty")
-        content = []
-        for part in message.parts:
-            kind = part.WhichOneof("content")
-            if kind != "text":
-                raise errors.ContentTypeNotSupportedError(
-                    message=f"only text parts are supported, got a {kind or 'empty'} part"
-                )
-            content.append(TextPart(part.text))
+        content = self._content(message.parts)
         if request.configuration.history_length < 0:
             raise errors.InvalidParamsError(message="historyLength must be non-negative")
         context_id = message.context_id
@@ -225,6 +221,29 @@ class A2AService:
         self._start(run, after)  # before the write: nothing of the turn is missed meanwhile
         await self.store.insert(task, conv.id, record.id)
         return run
+
+    def _content(self, parts: Any) -> list[ContentPart]:
+        """Text parts; image parts (``raw`` or ``url`` with an ``image/*`` media type) only when
+        the model takes images; anything else is refused with the spec's -32005."""
+        images = bool((self.agent.llm.capabilities or {}).get("image_input"))
+        content: list[ContentPart] = []
+        for part in parts:
+            kind = part.WhichOneof("content")
+            if kind == "text":
+                content.append(TextPart(part.text))
+            elif images and kind in ("raw", "url") and part.media_type.startswith("image/"):
+                if kind == "raw":
+                    data = base64.b64encode(part.raw).decode()
+                    content.append(ImagePart(part.media_type, data=data))
+                else:
+                    content.append(ImagePart(part.media_type, url=part.url))
+            else:
+                what = "text and image" if images else "text"
+                raise errors.ContentTypeNotSupportedError(
+                    message=f"only {what} parts are supported, got a {kind or 'empty'} part"
+                    + (f" of {part.media_type}" if part.media_type else "")
+                )
+        return content
 
     async def get_stored(self, task_id: str) -> StoredTask | None:
         run = self.runs.get(task_id)
