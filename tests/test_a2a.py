@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 
 from agentik.core.testing import ScriptedLLM, make_app
+from tests.conftest import ROOT
 
 KEY = "a2a-test-key-0123456789"
 BUILTINS = ("agentik_transport_http", "agentik_transport_a2a")
@@ -463,3 +466,27 @@ async def test_image_parts_only_for_a_model_that_takes_images(aiohttp_client, tm
     params = {"message": {**text_message("doc"), "parts": [pdf]}}
     answer = await rpc(client, "SendMessage", params)
     assert answer["error"]["code"] == -32005 and "application/pdf" in answer["error"]["message"]
+
+
+def test_a2a_sdk_is_loaded_at_the_first_call_not_at_start(tmp_path):
+    """Start-up stays fast: the card and the server need no a2a-sdk; the first JSON-RPC call
+    loads it."""
+    script = f"""
+import asyncio, sys
+from aiohttp.test_utils import TestClient, TestServer
+from agentik.core.testing import make_app, ScriptedLLM
+async def main():
+    app = make_app(llm=ScriptedLLM(), builtins={BUILTINS!r},
+                   env={{"AGENTIK_DB_PATH": {str(tmp_path / "lazy.db")!r}}})
+    async with TestClient(TestServer(app)) as client:
+        await client.get("/a2a/.well-known/agent-card.json")
+        print("a2a.types" in sys.modules)
+        await client.post("/a2a/", json={{"jsonrpc": "2.0", "id": 1, "method": "GetTask"}},
+                          headers={{"A2A-Version": "1.0"}})
+        print("a2a.types" in sys.modules)
+asyncio.run(main())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]

@@ -78,8 +78,7 @@ def register_transports(register: Callable[..., None]) -> None:
 def register_services(register: Callable[..., None], agent: ChatAgent) -> None:
     @contextlib.asynccontextmanager
     async def tasks() -> AsyncIterator[None]:
-        from agentik_transport_a2a.service import A2AService
-        from agentik_transport_a2a.tasks import TaskStore, task_model
+        from agentik_transport_a2a.tasks import Tasks, TaskStore, task_model
 
         model = task_model()
         db = await agent.store.add_models([model])
@@ -87,14 +86,14 @@ def register_services(register: Callable[..., None], agent: ChatAgent) -> None:
             log.warning("a2a: the store has no database; A2A calls answer an internal error")
             yield
             return
-        service = A2AService(agent, TaskStore(db, model))
-        await service.recover()
-        agent.state[STATE] = service
+        found = Tasks(agent, TaskStore(db, model))
+        await found.start()
+        agent.state[STATE] = found
         try:
             yield
         finally:
             agent.state.pop(STATE, None)
-            await service.close()
+            await found.close()
 
     register("a2a-tasks", tasks)
 

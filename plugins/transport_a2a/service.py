@@ -141,9 +141,8 @@ class A2AService:
         """Settle the tasks a stop left unfinished, from the audit log: a turn that ended gives
         the task its end (one a crash cut off has the core's ``restart`` error: ``FAILED``);
         a turn still queued (it runs after the restart) is followed again. Returns how many."""
-        names = {S.Name(s) for s in TERMINAL}
         count = 0
-        for stored in await self.store.unfinished(names):
+        for stored in await self.store.unfinished():
             count += 1
             end = await self.store.turn_end(stored.turn_id)
             conv = await self.agent.get_conversation(stored.conversation_id)

@@ -1,5 +1,8 @@
 """Durable A2A tasks: one ``a2a_task`` row a task, the whole Task (status, history, artifacts,
-metadata) as its A2A 1.0 JSON, beside the columns lists filter on. Portable SQL only (peewee)."""
+metadata) as its A2A 1.0 JSON, beside the columns lists filter on. Portable SQL only (peewee).
+
+Loaded at start-up without a2a-sdk (its protobuf types take a while to import): they are
+imported at the first A2A call, or at start-up when a stop left tasks unfinished."""
 
 from __future__ import annotations
 
@@ -7,13 +10,20 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import peewee
-from a2a.types import a2a_pb2 as pb
-from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentik.core.store import utcnow
 
 if TYPE_CHECKING:
+    from a2a.types import a2a_pb2 as pb
+
+    from agentik.core.agent import ChatAgent
     from agentik.core.db import Database
+    from agentik_transport_a2a.service import A2AService
+
+#: the terminal states (as stored)
+TERMINAL_NAMES = frozenset(
+    {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"}
+)
 
 
 class A2ATask(peewee.Model):
@@ -49,12 +59,48 @@ class StoredTask:
 
 
 def _parse(row: Any) -> StoredTask:
-    task = ParseDict(json.loads(row.task_json), pb.Task(), ignore_unknown_fields=True)
+    from a2a.types import a2a_pb2
+    from google.protobuf.json_format import ParseDict
+
+    task = ParseDict(json.loads(row.task_json), a2a_pb2.Task(), ignore_unknown_fields=True)
     return StoredTask(task, row.conversation_id, row.turn_id)
 
 
 def _dump(task: pb.Task) -> str:
+    from google.protobuf.json_format import MessageToDict
+
     return json.dumps(MessageToDict(task), ensure_ascii=False, separators=(",", ":"))
+
+
+def _state(value: int) -> str:
+    from a2a.types import a2a_pb2
+
+    return a2a_pb2.TaskState.Name(value)  # type: ignore[arg-type]
+
+
+class Tasks:
+    """The A2A tasks of one agent (``agent.state``): the store from the start, the service
+    (with a2a-sdk) from its first use."""
+
+    def __init__(self, agent: ChatAgent, store: TaskStore) -> None:
+        self.agent, self.store = agent, store
+        self._service: A2AService | None = None
+
+    def service(self) -> A2AService:
+        if self._service is None:
+            from agentik_transport_a2a.service import A2AService
+
+            self._service = A2AService(self.agent, self.store)
+        return self._service
+
+    async def start(self) -> None:
+        """Settle what the last stop left unfinished (loading a2a-sdk only if there is any)."""
+        if await self.store.has_unfinished():
+            await self.service().recover()
+
+    async def close(self) -> None:
+        if self._service is not None:
+            await self._service.close()
 
 
 class TaskStore:
@@ -68,7 +114,7 @@ class TaskStore:
             "context_id": task.context_id,
             "conversation_id": conversation_id,
             "turn_id": turn_id,
-            "state": pb.TaskState.Name(task.status.state),
+            "state": _state(task.status.state),
             "task_json": _dump(task),
             "created_at": now,
             "updated_at": now,
@@ -78,7 +124,7 @@ class TaskStore:
     async def save(self, task: pb.Task) -> None:
         m = self.model
         query = m.update(
-            state=pb.TaskState.Name(task.status.state),
+            state=_state(task.status.state),
             task_json=_dump(task),
             updated_at=utcnow().isoformat(),
         ).where(m.id == task.id)
@@ -103,7 +149,7 @@ class TaskStore:
         if context_id:
             query = query.where(m.context_id == context_id)
         if state:
-            query = query.where(m.state == pb.TaskState.Name(state))  # type: ignore[arg-type]
+            query = query.where(m.state == _state(state))
         if updated_after:
             query = query.where(m.updated_at >= updated_after)
 
@@ -113,10 +159,14 @@ class TaskStore:
 
         return await self.db.read(run)
 
-    async def unfinished(self, terminal: set[str]) -> list[StoredTask]:
+    async def unfinished(self) -> list[StoredTask]:
         m = self.model
-        rows = await self.db.read(lambda: list(m.select().where(m.state.not_in(terminal))))
+        rows = await self.db.read(lambda: list(m.select().where(m.state.not_in(TERMINAL_NAMES))))
         return [_parse(r) for r in rows]
+
+    async def has_unfinished(self) -> bool:
+        m = self.model
+        return await self.db.read(lambda: m.select().where(m.state.not_in(TERMINAL_NAMES)).exists())
 
     async def turn_end(self, turn_id: str) -> tuple[str, dict[str, Any]] | None:
         """How the core recorded the end of a turn: (``assistant`` | ``error``, payload), or
