@@ -144,7 +144,11 @@ def parse_params(data: dict[str, Any], method: str, version: str) -> Call:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    # "replace": a model's broken surrogate pair must not break the stream
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+
+
+_string = json.JSONEncoder(ensure_ascii=False).encode  # one JSON string, C-fast
 
 
 def result(call: Call, value: Any) -> bytes:
@@ -194,39 +198,35 @@ def stream_frame(call: Call, update: Update) -> bytes:
     per version for every listener."""
     encoded = update.memo.get(call.version)
     if encoded is None:
-        encoded = update.memo[call.version] = _dumps(_update_json(update, call.version))
+        encoded = update.memo[call.version] = _update_json(update, call.version)
     return b"data: " + _wrap(call, encoded) + b"\n\n"
 
 
-def _update_json(update: Update, version: str) -> Any:
-    if update.kind == "artifact_update":  # the hot path (one per text chunk): no protobuf
-        task_id, context_id, text, append = update.value
-        if version == V10:
-            part: dict[str, Any] = {"text": text}
-            return {
-                "artifactUpdate": {
-                    "taskId": task_id,
-                    "contextId": context_id,
-                    "artifact": {"artifactId": "reply", "name": "reply", "parts": [part]},
-                    "append": append,
-                }
-            }
-        return {
-            "kind": "artifact-update",
-            "taskId": task_id,
-            "contextId": context_id,
-            "artifact": {
-                "artifactId": "reply",
-                "name": "reply",
-                "parts": [{"kind": "text", "text": text}],
-            },
-            "append": append,
-            "lastChunk": False,
-        }
+def _update_json(update: Update, version: str) -> bytes:
+    if update.kind == "artifact_update":
+        return _artifact_json(*update.value, version)
     if version == V10:
-        return MessageToDict(pb.StreamResponse(**{update.kind: update.value}))
+        return _dumps(MessageToDict(pb.StreamResponse(**{update.kind: update.value})))
     from agentik_transport_a2a import compat03
 
     if update.kind == "task":
-        return compat03.task(update.value)
-    return compat03.status_update(update.value)
+        return _dumps(compat03.task(update.value))
+    return _dumps(compat03.status_update(update.value))
+
+
+def _artifact_json(task_id: str, context_id: str, text: str, append: bool, version: str) -> bytes:
+    """One chunk of the reply: the hot path (one a text delta), so written without protobuf or
+    a nested ``json.dumps``; the same JSON as ``MessageToDict`` (1.0) or the 0.3 model gives."""
+    ids = f'"taskId":{_string(task_id)},"contextId":{_string(context_id)}'
+    flag = "true" if append else "false"
+    if version == V10:
+        part = f'{{"text":{_string(text)}}}'
+        return (
+            f'{{"artifactUpdate":{{{ids},"artifact":{{"artifactId":"reply","name":"reply",'
+            f'"parts":[{part}]}},"append":{flag}}}}}'
+        ).encode("utf-8", "replace")
+    part = f'{{"kind":"text","text":{_string(text)}}}'
+    return (
+        f'{{"kind":"artifact-update",{ids},"artifact":{{"artifactId":"reply","name":"reply",'
+        f'"parts":[{part}]}},"append":{flag},"lastChunk":false}}'
+    ).encode("utf-8", "replace")
