@@ -55,7 +55,10 @@ async def history(base: str, cid: str, headers=None) -> list[dict]:
 
 
 async def test_sdk_client_streams_gets_and_continues_a_context(serve, fake_openai_proc):
-    _, base = serve(openai_env(fake_openai_proc))
+    proc, base = serve(openai_env(fake_openai_proc))
+    banner = proc.wait_output("a2a: JSON-RPC")
+    assert f"a2a: agent card {base}/a2a/.well-known/agent-card.json" in banner
+    assert f"a2a: JSON-RPC {base}/a2a/ (A2A 1.0 and 0.3)" in banner
     await script_fake(fake_openai_proc, {"text": "Hello from the agent", "chunks": 4})
     client = await create_client(base + "/a2a", client_config=ClientConfig(streaming=True))
     try:
@@ -108,15 +111,43 @@ async def test_sdk_client_with_an_api_key_and_a_cancel(serve, fake_openai_proc):
         async for event in stream:
             if event.HasField("artifact_update"):
                 break
+        # a second client subscribes to the running task
+        subscription = client.subscribe(pb.SubscribeToTaskRequest(id=task_id))
+        now = await anext(subscription)
+        assert now.task.id == task_id and now.task.status.state == pb.TASK_STATE_WORKING
         canceled = await client.cancel_task(pb.CancelTaskRequest(id=task_id))
         assert canceled.status.state == pb.TASK_STATE_CANCELED
         rest = [e async for e in stream]
         assert rest[-1].status_update.status.state == pb.TASK_STATE_CANCELED
+        followed = [e async for e in subscription]
+        assert followed[-1].status_update.status.state == pb.TASK_STATE_CANCELED
     finally:
         await client.close()
         await http.aclose()
     records = await history(base, canceled.metadata["agentikConversationId"], auth)
     assert records[-1]["type"] == "assistant" and records[-1]["interrupted"] is True
+    # 0.3 names over raw JSON-RPC (no A2A-Version header), as the seeds' clients speak
+    async with aiohttp.ClientSession(headers=auth) as s:
+        v03 = {
+            "jsonrpc": "2.0",
+            "id": "old",
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "kind": "message",
+                    "role": "user",
+                    "messageId": "legacy-1",
+                    "parts": [{"kind": "text", "text": "legacy"}],
+                }
+            },
+        }
+        async with s.post(base + "/a2a", json=v03) as r:
+            old = (await r.json())["result"]
+        assert old["kind"] == "task" and old["status"]["state"] == "completed"
+        assert old["artifacts"][0]["parts"] == [{"kind": "text", "text": "echo: legacy"}]
+        get = {"jsonrpc": "2.0", "id": "g", "method": "tasks/get", "params": {"id": old["id"]}}
+        async with s.post(base + "/a2a/", json=get) as r:
+            assert (await r.json())["result"]["status"]["state"] == "completed"
     async with httpx.AsyncClient() as anonymous:  # the card is public, the endpoint is not
         assert (await anonymous.get(base + "/a2a/.well-known/agent-card.json")).status_code == 200
         r = await anonymous.post(
