@@ -121,6 +121,7 @@ async def test_a2a_errors_have_their_codes_and_reasons(aiohttp_client, tmp_path)
         ),
         ("SendMessage", {"message": {**text_message("x"), "parts": []}}, -32602, "INVALID_PARAMS"),
         ("SendMessage", {}, -32602, None),
+        ("SendMessage", {"message": text_message("x", contextId="c" * 256)}, -32602, None),
         ("SendMessage", {"message": {**text_message("x"), "taskId": "nope"}}, -32001, None),
         ("ListTasks", {"pageSize": 1000}, -32602, None),
         ("ListTasks", {"pageToken": "garbage"}, -32602, None),

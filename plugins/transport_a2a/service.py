@@ -45,6 +45,7 @@ TERMINAL = frozenset({S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_
                       S.TASK_STATE_REJECTED})  # fmt: skip
 CUT_OFF = "the task's turn was cut off by a server restart"
 CONVERSATION_ID = "agentikConversationId"
+MAX_ID = 255  # characters of a client's contextId (it names a conversation for good)
 
 
 def _now_status(state: int, text: str | None = None, task: pb.Task | None = None) -> pb.TaskStatus:
@@ -185,6 +186,8 @@ class A2AService:
         if request.configuration.history_length < 0:
             raise errors.InvalidParamsError(message="historyLength must be non-negative")
         context_id = message.context_id
+        if len(context_id) > MAX_ID or len(message.task_id) > MAX_ID:
+            raise errors.InvalidParamsError(message=f"ids may be at most {MAX_ID} characters")
         if message.task_id:
             stored = await self.get_stored(message.task_id)
             if stored is None:
