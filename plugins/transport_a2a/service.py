@@ -361,7 +361,7 @@ class A2AService:
                     elif task.status.state == S.TASK_STATE_SUBMITTED:
                         task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
                         run.publish(Update("status_update", self._status_event(task)))
-                        await self.store.save(task)  # ListTasks filters on the stored state
+                        await self.store.save_state(task)  # ListTasks filters on it
                 if isinstance(event, AppendText):
                     if not event.reasoning:
                         run.publish(

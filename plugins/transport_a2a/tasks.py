@@ -130,6 +130,15 @@ class TaskStore:
         ).where(m.id == task.id)
         await self.db.write(query.execute)
 
+    async def save_state(self, task: pb.Task) -> None:
+        """Only the state column (the row's task JSON is rewritten at the end): a running task's
+        live copy is served from memory, and lists filter on this column."""
+        m = self.model
+        query = m.update(state=_state(task.status.state), updated_at=utcnow().isoformat()).where(
+            m.id == task.id
+        )
+        await self.db.write(query.execute)
+
     async def get(self, task_id: str) -> StoredTask | None:
         m = self.model
         row = await self.db.read(lambda: m.get_or_none(m.id == task_id))
