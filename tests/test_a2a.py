@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -234,6 +235,15 @@ async def test_send_get_and_the_conversation(aiohttp_client, tmp_path):
     assert [m["role"] for m in task["history"]] == ["ROLE_USER", "ROLE_AGENT"]
     cid = task["metadata"]["agentikConversationId"]
     context = task["contextId"]
+    with sqlite3.connect(tmp_path / "a2a.db") as db:  # the status history, durable
+        states = db.execute(
+            "SELECT state FROM a2a_task_status WHERE task_id = ? ORDER BY seq", (task["id"],)
+        ).fetchall()
+    assert [s for (s,) in states] == [
+        "TASK_STATE_SUBMITTED",
+        "TASK_STATE_WORKING",
+        "TASK_STATE_COMPLETED",
+    ]
     got = (await rpc(client, "GetTask", {"id": task["id"], "historyLength": 1}))["result"]
     assert got["status"]["state"] == "TASK_STATE_COMPLETED" and len(got["history"]) == 1
     # one agent, many transports: the message is in the conversation's history

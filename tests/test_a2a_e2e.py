@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 
 import aiohttp
 import httpx
@@ -156,7 +157,7 @@ async def test_sdk_client_with_an_api_key_and_a_cancel(serve, fake_openai_proc):
         assert r.status_code == 401
 
 
-async def test_kill_9_mid_task_then_restart(serve, fake_openai_proc):
+async def test_kill_9_mid_task_then_restart(serve, fake_openai_proc, tmp_path):
     env = openai_env(fake_openai_proc)
     proc, base = serve(env)
     await script_fake(fake_openai_proc, {"text": "cut " * 500, "delay": 0.02})
@@ -185,6 +186,15 @@ async def test_kill_9_mid_task_then_restart(serve, fake_openai_proc):
             got = (await r.json())["result"]
         assert got["status"]["state"] == "TASK_STATE_FAILED"
         assert "restart" in got["status"]["message"]["parts"][0]["text"]
+        with sqlite3.connect(tmp_path / "agentik.db") as db:
+            states = db.execute(
+                "SELECT state FROM a2a_task_status WHERE task_id = ? ORDER BY seq", (task["id"],)
+            ).fetchall()
+        assert [s for (s,) in states] == [
+            "TASK_STATE_SUBMITTED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_FAILED",
+        ]
         cid = got["metadata"]["agentikConversationId"]
         records = await history(base2, cid)
         assert records[0]["type"] == "user" and records[0]["content"][0]["body"] == "go"

@@ -78,15 +78,15 @@ def register_transports(register: Callable[..., None]) -> None:
 def register_services(register: Callable[..., None], agent: ChatAgent) -> None:
     @contextlib.asynccontextmanager
     async def tasks() -> AsyncIterator[None]:
-        from agentik_transport_a2a.tasks import Tasks, TaskStore, task_model
+        from agentik_transport_a2a.tasks import Tasks, TaskStore, task_models
 
-        model = task_model()
-        db = await agent.store.add_models([model])
+        model, statuses = task_models()
+        db = await agent.store.add_models([model, statuses])
         if db is None:
             log.warning("a2a: the store has no database; A2A calls answer an internal error")
             yield
             return
-        found = Tasks(agent, TaskStore(db, model))
+        found = Tasks(agent, TaskStore(db, model, statuses))
         await found.start()
         agent.state[STATE] = found
         try:

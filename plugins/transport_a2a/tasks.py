@@ -41,14 +41,30 @@ class A2ATask(peewee.Model):
         table_name = "a2a_task"
 
 
-def task_model() -> type[A2ATask]:
-    """A subclass per agent: peewee binds a model class to one database (tests run several)."""
+class A2ATaskStatus(peewee.Model):
+    """Each status a task was given and stored, in order (its status history)."""
+
+    seq = peewee.AutoField()
+    task_id = peewee.TextField(index=True)
+    state = peewee.TextField()
+    status_json = peewee.TextField()  # the TaskStatus: state, timestamp, message
+
+    class Meta:
+        table_name = "a2a_task_status"
+
+
+def task_models() -> tuple[type[A2ATask], type[A2ATaskStatus]]:
+    """Subclasses per agent: peewee binds a model class to one database (tests run several)."""
 
     class AgentA2ATask(A2ATask):
         class Meta:
             table_name = "a2a_task"
 
-    return AgentA2ATask
+    class AgentA2ATaskStatus(A2ATaskStatus):
+        class Meta:
+            table_name = "a2a_task_status"
+
+    return AgentA2ATask, AgentA2ATaskStatus
 
 
 class StoredTask:
@@ -70,6 +86,18 @@ def _dump(task: pb.Task) -> str:
     from google.protobuf.json_format import MessageToDict
 
     return json.dumps(MessageToDict(task), ensure_ascii=False, separators=(",", ":"))
+
+
+def _status_row(task: pb.Task) -> dict[str, str]:
+    from google.protobuf.json_format import MessageToDict
+
+    return {
+        "task_id": task.id,
+        "state": _state(task.status.state),
+        "status_json": json.dumps(
+            MessageToDict(task.status), ensure_ascii=False, separators=(",", ":")
+        ),
+    }
 
 
 def _state(value: int) -> str:
@@ -104,8 +132,10 @@ class Tasks:
 
 
 class TaskStore:
-    def __init__(self, db: Database, model: type[A2ATask]) -> None:
-        self.db, self.model = db, model
+    """Each write of a task also appends its status to its history, in one transaction."""
+
+    def __init__(self, db: Database, model: type[A2ATask], statuses: type[A2ATaskStatus]) -> None:
+        self.db, self.model, self.statuses = db, model, statuses
 
     async def insert(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
         now = utcnow().isoformat()
@@ -119,7 +149,13 @@ class TaskStore:
             "created_at": now,
             "updated_at": now,
         }
-        await self.db.write(lambda: self.model.insert(**row).execute())
+        status = _status_row(task)
+
+        def write() -> None:
+            self.model.insert(**row).execute()
+            self.statuses.insert(**status).execute()
+
+        await self.db.write(write)
 
     async def save(self, task: pb.Task) -> None:
         m = self.model
@@ -128,7 +164,7 @@ class TaskStore:
             task_json=_dump(task),
             updated_at=utcnow().isoformat(),
         ).where(m.id == task.id)
-        await self.db.write(query.execute)
+        await self._write(query, task)
 
     async def save_state(self, task: pb.Task) -> None:
         """Only the state column (the row's task JSON is rewritten at the end): a running task's
@@ -137,7 +173,26 @@ class TaskStore:
         query = m.update(state=_state(task.status.state), updated_at=utcnow().isoformat()).where(
             m.id == task.id
         )
-        await self.db.write(query.execute)
+        await self._write(query, task)
+
+    async def _write(self, query: Any, task: pb.Task) -> None:
+        status = _status_row(task)
+
+        def write() -> None:
+            if query.execute():  # a task that was never stored has no history either
+                self.statuses.insert(**status).execute()
+
+        await self.db.write(write)
+
+    async def status_history(self, task_id: str) -> list[tuple[str, str]]:
+        """(state, timestamp) of each status the task was given, oldest first."""
+        s = self.statuses
+
+        def q() -> list[tuple[str, str]]:
+            rows = s.select().where(s.task_id == task_id).order_by(s.seq)
+            return [(r.state, json.loads(r.status_json).get("timestamp", "")) for r in rows]
+
+        return await self.db.read(q)
 
     async def get(self, task_id: str) -> StoredTask | None:
         m = self.model
