@@ -184,16 +184,6 @@ class TaskStore:
 
         await self.db.write(write)
 
-    async def status_history(self, task_id: str) -> list[tuple[str, str]]:
-        """(state, timestamp) of each status the task was given, oldest first."""
-        s = self.statuses
-
-        def q() -> list[tuple[str, str]]:
-            rows = s.select().where(s.task_id == task_id).order_by(s.seq)
-            return [(r.state, json.loads(r.status_json).get("timestamp", "")) for r in rows]
-
-        return await self.db.read(q)
-
     async def get(self, task_id: str) -> StoredTask | None:
         m = self.model
         row = await self.db.read(lambda: m.get_or_none(m.id == task_id))
