@@ -51,6 +51,15 @@ async def sse(resp) -> list[dict]:
     return out
 
 
+def stored_states(db_path, task_id: str) -> list[str]:
+    """The task's status history as stored (``a2a_task_status``), read from the file."""
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute(
+            "SELECT state FROM a2a_task_status WHERE task_id = ? ORDER BY seq", (task_id,)
+        ).fetchall()
+    return [state for (state,) in rows]
+
+
 def reason(answer: dict) -> str:
     (info,) = [d for d in answer["error"]["data"] if d["@type"] == INFO]
     assert info["domain"] == "a2a-protocol.org"
@@ -235,11 +244,7 @@ async def test_send_get_and_the_conversation(aiohttp_client, tmp_path):
     assert [m["role"] for m in task["history"]] == ["ROLE_USER", "ROLE_AGENT"]
     cid = task["metadata"]["agentikConversationId"]
     context = task["contextId"]
-    with sqlite3.connect(tmp_path / "a2a.db") as db:  # the status history, durable
-        states = db.execute(
-            "SELECT state FROM a2a_task_status WHERE task_id = ? ORDER BY seq", (task["id"],)
-        ).fetchall()
-    assert [s for (s,) in states] == [
+    assert stored_states(tmp_path / "a2a.db", task["id"]) == [  # the status history, durable
         "TASK_STATE_SUBMITTED",
         "TASK_STATE_WORKING",
         "TASK_STATE_COMPLETED",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sqlite3
 
 import aiohttp
 import httpx
@@ -14,6 +13,7 @@ from a2a.client import ClientConfig, create_client
 from a2a.types import a2a_pb2 as pb
 
 from tests.conftest import ROOT, read_sse, script_fake
+from tests.test_a2a import stored_states
 from tests.test_serve import openai_env
 
 KEY = "a2a-e2e-key-0123456789"
@@ -186,11 +186,7 @@ async def test_kill_9_mid_task_then_restart(serve, fake_openai_proc, tmp_path):
             got = (await r.json())["result"]
         assert got["status"]["state"] == "TASK_STATE_FAILED"
         assert "restart" in got["status"]["message"]["parts"][0]["text"]
-        with sqlite3.connect(tmp_path / "agentik.db") as db:
-            states = db.execute(
-                "SELECT state FROM a2a_task_status WHERE task_id = ? ORDER BY seq", (task["id"],)
-            ).fetchall()
-        assert [s for (s,) in states] == [
+        assert stored_states(tmp_path / "agentik.db", task["id"]) == [
             "TASK_STATE_SUBMITTED",
             "TASK_STATE_WORKING",
             "TASK_STATE_FAILED",
