@@ -1,8 +1,8 @@
 """The agent as an A2A server (SPEC F13; ``docs/a2a.md``): the JSON-RPC binding of A2A 1.0 and
 0.3 at ``AGENTIK_A2A_PATH`` (``/a2a``), the agent card, durable tasks.
 
-Hooks and settings only; a2a-sdk (``pip install agentik[a2a]``) is imported by the modules
-beside this one, when the server is built.
+Hooks and settings only. a2a-sdk (``pip install agentik[a2a]``) is imported by the modules
+beside this one at the first JSON-RPC call (or at start-up when tasks were left unfinished).
 """
 
 from __future__ import annotations
