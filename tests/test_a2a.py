@@ -506,3 +506,14 @@ asyncio.run(main())
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+async def test_without_a2a_sdk_the_endpoint_says_what_to_install(
+    aiohttp_client, tmp_path, monkeypatch
+):
+    client = await aiohttp_client(a2a_app(tmp_path))
+    monkeypatch.setitem(sys.modules, "agentik_transport_a2a.endpoint", None)  # import fails
+    answer = await rpc(client, "GetTask", {"id": "t"})
+    assert answer["error"]["code"] == -32603
+    assert "pip install 'agentik[a2a]'" in answer["error"]["message"]
+    assert (await client.get("/a2a/.well-known/agent-card.json")).status == 200

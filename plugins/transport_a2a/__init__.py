@@ -107,13 +107,24 @@ def _urls(settings: Settings) -> tuple[str, str]:
     return root + "/.well-known/agent-card.json", root + "/"
 
 
+def sdk_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("a2a") is None  # looked up, not imported
+
+
 @hookimpl
 def banner_lines(settings: Settings) -> list[str]:
     card, rpc = _urls(settings)
+    if sdk_missing():
+        return [f"a2a: agent card {card}; JSON-RPC off: pip install 'agentik[a2a]'"]
     return [f"a2a: agent card {card}", f"a2a: JSON-RPC {rpc} (A2A 1.0 and 0.3)"]
 
 
 @hookimpl
 def plugin_details(settings: Settings) -> dict[str, Any]:
     card, rpc = _urls(settings)
-    return {"agentCard": card, "jsonrpc": rpc, "versions": ["1.0", "0.3"]}
+    details: dict[str, Any] = {"agentCard": card, "jsonrpc": rpc, "versions": ["1.0", "0.3"]}
+    if sdk_missing():
+        details["missing"] = "a2a-sdk: pip install 'agentik[a2a]'"
+    return details
