@@ -30,8 +30,12 @@ tests/agui/node_modules/.package-lock.json: tests/agui/package.json tests/agui/p
 
 install: $(VENV)/.installed        ## create .venv with agentik and every backend
 
+# the @a2a-js/sdk client the A2A tests run (tests/a2a/package-lock.json); needs node and npm
+tests/a2a/node_modules/.package-lock.json: tests/a2a/package.json tests/a2a/package-lock.json
+	npm ci --prefix tests/a2a --no-audit --no-fund
+
 install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
-	tests/agui/node_modules/.package-lock.json
+	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve

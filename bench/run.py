@@ -46,6 +46,7 @@ SUITE = {  # id -> (module, timeout s)
     "B17": ("b17_litert.py", 240),
     "B18": ("b18_skills.py", 400),
     "B19": ("b19_model_cache.py", 300),
+    "B20": ("b20_a2a.py", 400),
     "B21": ("b21_client_events.py", 300),
     "B22": ("b22_agui_turn.py", 300),
 }

@@ -39,6 +39,13 @@ def public(handler: F) -> F:
     return handler
 
 
+def own_content_type(handler: F) -> F:
+    """Mark a route handler that refuses non-JSON bodies itself, in its protocol's own terms
+    (A2A's JSON-RPC error -32005), instead of the middleware's 415."""
+    handler.agentik_own_content_type = True  # type: ignore[attr-defined]
+    return handler
+
+
 def parse_api_keys(raw: str) -> tuple[str, ...]:
     """A comma list of keys, or ``@/path/to/file`` with one key per line (``#`` comments)."""
     if raw.startswith("@"):
@@ -147,9 +154,11 @@ def middleware(settings: Settings) -> Callable[..., Any]:
                 "cross_origin",
                 f"requests from {origin} are not allowed (AGENTIK_CORS_ORIGINS)",
             )
+        route = request.match_info.handler
         if (
             request.method not in SAFE_METHODS
             and request.body_exists
+            and not getattr(route, "agentik_own_content_type", False)
             and not (
                 request.content_type == "application/json" or request.content_type.endswith("+json")
             )
@@ -159,7 +168,7 @@ def middleware(settings: Settings) -> Callable[..., Any]:
                 "unsupported_media_type",
                 "the body must be JSON (Content-Type: application/json)",
             )
-        handler_is_public = getattr(request.match_info.handler, "agentik_public", False)
+        handler_is_public = getattr(route, "agentik_public", False)
         if keys and not handler_is_public and not authorized(request):
             response = _refuse(401, "unauthorized", "a valid API key is required")
             response.headers["WWW-Authenticate"] = 'Bearer realm="agentik"'

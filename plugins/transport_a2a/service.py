@@ -1,0 +1,440 @@
+"""A2A tasks on the agent (seed A2aBridge): a message is a ``send`` to the conversation its
+``contextId`` names, its task follows that one turn (``turn_events``) whoever listens, and every
+task is durable (:mod:`agentik_transport_a2a.tasks`). Works in A2A 1.0 types; the JSON-RPC layer
+(:mod:`agentik_transport_a2a.jsonrpc`) converts for 0.3 clients."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC
+from typing import TYPE_CHECKING, Any
+
+from a2a.types import a2a_pb2 as pb
+from a2a.utils import errors
+from a2a.utils.task import apply_history_length
+
+from agentik.core.agent import ConversationClosed
+from agentik.core.types import (
+    AppendText,
+    ContentPart,
+    End,
+    Error,
+    Gap,
+    ImagePart,
+    Interrupted,
+    InvalidInput,
+    TextPart,
+    ToolCall,
+)
+from agentik_transport_a2a.tasks import StoredTask, TaskStore
+
+if TYPE_CHECKING:
+    from agentik.core.agent import ChatAgent, ChatConversation
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "a2a"  # of the conversation aliases: an A2A contextId names a conversation
+REPLY = "reply"  # the artifact that carries the turn's text
+S = pb.TaskState
+TERMINAL = frozenset({S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_CANCELED,
+                      S.TASK_STATE_REJECTED})  # fmt: skip
+CUT_OFF = "the task's turn was cut off by a server restart"
+CONVERSATION_ID = "agentikConversationId"
+MAX_ID = 255  # characters of a client's contextId (it names a conversation for good)
+
+
+def _now_status(state: int, text: str | None = None, task: pb.Task | None = None) -> pb.TaskStatus:
+    status = pb.TaskStatus(state=state)  # type: ignore[arg-type]
+    status.timestamp.GetCurrentTime()
+    if text is not None and task is not None:
+        status.message.CopyFrom(agent_message(task, text))
+    return status
+
+
+def agent_message(task: pb.Task, text: str) -> pb.Message:
+    return pb.Message(
+        message_id=str(uuid.uuid4()),
+        context_id=task.context_id,
+        task_id=task.id,
+        role=pb.ROLE_AGENT,
+        parts=[pb.Part(text=text)],
+    )
+
+
+class Update:
+    """One streamed event of a task (1.0 ``StreamResponse`` field and its value); each JSON-RPC
+    version's encoding is made once and shared by every listener (``memo``)."""
+
+    __slots__ = ("kind", "memo", "value")
+
+    def __init__(self, kind: str, value: Any) -> None:
+        self.kind = kind  # "task" | "status_update" | "artifact_update"
+        self.value = value
+        self.memo: dict[str, bytes] = {}
+
+
+class TaskRun:
+    """A task whose turn has not ended: its live snapshot and the updates listeners follow."""
+
+    def __init__(self, task: pb.Task, conv: ChatConversation, turn_id: str) -> None:
+        self.task, self.conv, self.turn_id = task, conv, turn_id
+        self.updates: list[Update] = []
+        self.started = False  # its turn emitted its first event
+        self.turn_over = False  # its turn emitted its End
+        self.cancel_requested = False
+        self.finished = asyncio.Event()
+        self._waiters: list[asyncio.Future[None]] = []
+        self.runner: asyncio.Task[None] | None = None
+
+    def publish(self, update: Update) -> None:
+        self.updates.append(update)
+        self._wake()
+
+    def finish(self) -> None:
+        self.finished.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled reader's own future is done
+                waiter.set_result(None)
+
+    def snapshot(self) -> tuple[pb.Task, int]:
+        """A copy of the task now and the index of the first update after it."""
+        copy = pb.Task()
+        copy.CopyFrom(self.task)
+        return copy, len(self.updates)
+
+    async def follow(self, start: int) -> AsyncIterator[list[Update]]:
+        """The updates from index ``start`` until the task ends, in lists: all that came while
+        the reader was busy (one socket write for SSE)."""
+        cursor = start
+        loop = asyncio.get_running_loop()
+        while True:
+            if cursor < len(self.updates):
+                batch = self.updates[cursor:]
+                cursor += len(batch)
+                yield batch
+                continue
+            if self.finished.is_set():
+                return
+            waiter = loop.create_future()  # one per reader: a reader that leaves cancels its own
+            self._waiters.append(waiter)
+            await waiter
+
+
+class A2AService:
+    """The A2A operations of one agent, on durable tasks."""
+
+    def __init__(self, agent: ChatAgent, store: TaskStore) -> None:
+        self.agent, self.store = agent, store
+        self.runs: dict[str, TaskRun] = {}
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Settle the tasks a stop left unfinished, from the audit log: a turn that ended gives
+        the task its end (one a crash cut off has the core's ``restart`` error: ``FAILED``);
+        a turn still queued (it runs after the restart) is followed again. Returns how many."""
+        count = 0
+        for stored in await self.store.unfinished():
+            count += 1
+            end = await self.store.turn_end(stored.turn_id)
+            conv = await self.agent.get_conversation(stored.conversation_id)
+            if end is None and conv is not None:
+                run = TaskRun(stored.task, conv, stored.turn_id)
+                self._start(run, after=0)
+                continue
+            task = stored.task
+            if end is None:  # its conversation was deleted
+                self._settle(task, S.TASK_STATE_FAILED, "", "the task's conversation was deleted")
+            else:
+                self._settle_from_record(task, *end)
+            await self.store.save(task)
+        if count:
+            log.info("a2a: settled %d task(s) left unfinished by the last stop", count)
+        return count
+
+    async def close(self) -> None:
+        runners = [r.runner for r in self.runs.values() if r.runner is not None]
+        for runner in runners:
+            runner.cancel()
+        for runner in runners:
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+
+    # --- the operations ---------------------------------------------------------------------
+
+    async def send(self, request: pb.SendMessageRequest) -> TaskRun:
+        """Record the message in its context's conversation and start its task."""
+        message = request.message
+        if not request.HasField("message"):
+            raise errors.InvalidParamsError(message="message is required")
+        if not message.message_id:
+            raise errors.InvalidParamsError(message="message.messageId is required")
+        if message.role == pb.ROLE_AGENT:
+            raise errors.InvalidParamsError(message="message.role must be ROLE_USER")
+        if not message.parts:
+            raise errors.InvalidParamsError(message="message.parts must not be empty")
+        content = self._content(message.parts)
+        if request.configuration.history_length < 0:
+            raise errors.InvalidParamsError(message="historyLength must be non-negative")
+        context_id = message.context_id
+        if len(context_id) > MAX_ID or len(message.task_id) > MAX_ID:
+            raise errors.InvalidParamsError(message=f"ids may be at most {MAX_ID} characters")
+        if message.task_id:
+            stored = await self.get_stored(message.task_id)
+            if stored is None:
+                raise errors.TaskNotFoundError(message=f"task {message.task_id} not found")
+            if context_id and context_id != stored.task.context_id:
+                raise errors.InvalidParamsError(
+                    message=f"context {context_id} does not match context "
+                    f"{stored.task.context_id} of task {message.task_id}"
+                )
+            state = S.Name(stored.task.status.state)
+            raise errors.UnsupportedOperationError(
+                message=f"task {message.task_id} is {state}: each message starts a new task; "
+                "send it with the task's contextId instead"
+            )
+        context_id = context_id or str(uuid.uuid4())
+        try:
+            conv = await self.agent.aliased_conversation(NAMESPACE, context_id)
+            after = conv.last_event_id
+            record = await conv.send(content)
+        except InvalidInput as e:
+            raise errors.InvalidParamsError(message=str(e)) from None
+        except ConversationClosed as e:
+            raise errors.InternalError(message=str(e)) from None
+        task = pb.Task(
+            id=str(uuid.uuid4()), context_id=context_id, status=_now_status(S.TASK_STATE_SUBMITTED)
+        )
+        task.metadata[CONVERSATION_ID] = conv.id
+        user = task.history.add()
+        user.CopyFrom(message)
+        user.context_id, user.task_id = context_id, task.id
+        user.role = pb.ROLE_USER
+        run = TaskRun(task, conv, record.id)
+        self._start(run, after)  # before the write: nothing of the turn is missed meanwhile
+        await self.store.insert(task, conv.id, record.id)
+        return run
+
+    def _content(self, parts: Any) -> list[ContentPart]:
+        """Text parts; image parts (``raw`` or ``url`` with an ``image/*`` media type) only when
+        the model takes images; anything else is refused with the spec's -32005."""
+        images = bool((self.agent.llm.capabilities or {}).get("image_input"))
+        content: list[ContentPart] = []
+        for part in parts:
+            kind = part.WhichOneof("content")
+            if kind == "text":
+                content.append(TextPart(part.text))
+            elif images and kind in ("raw", "url") and part.media_type.startswith("image/"):
+                if kind == "raw":
+                    data = base64.b64encode(part.raw).decode()
+                    content.append(ImagePart(part.media_type, data=data))
+                else:
+                    content.append(ImagePart(part.media_type, url=part.url))
+            else:
+                what = "text and image" if images else "text"
+                raise errors.ContentTypeNotSupportedError(
+                    message=f"only {what} parts are supported, got a {kind or 'empty'} part"
+                    + (f" of {part.media_type}" if part.media_type else "")
+                )
+        return content
+
+    async def get_stored(self, task_id: str) -> StoredTask | None:
+        run = self.runs.get(task_id)
+        if run is not None:
+            return StoredTask(run.snapshot()[0], run.conv.id, run.turn_id)
+        return await self.store.get(task_id)
+
+    async def get(self, request: pb.GetTaskRequest) -> pb.Task:
+        if request.history_length < 0:
+            raise errors.InvalidParamsError(message="historyLength must be non-negative")
+        stored = await self.get_stored(request.id)
+        if stored is None:
+            raise errors.TaskNotFoundError(message=f"task {request.id} not found")
+        return apply_history_length(stored.task, request)
+
+    async def cancel(self, request: pb.CancelTaskRequest) -> pb.Task:
+        """Interrupt the task's turn. A task still queued behind other turns is ``CANCELED`` at
+        once and its turn interrupted as soon as it starts (its message stays in the
+        conversation: the audit log is append-only)."""
+        run = self.runs.get(request.id)
+        if run is None:
+            stored = await self.store.get(request.id)
+            if stored is None:
+                raise errors.TaskNotFoundError(message=f"task {request.id} not found")
+            raise errors.TaskNotCancelableError(
+                message=f"task {request.id} is {S.Name(stored.task.status.state)}"
+            )
+        if run.task.status.state in TERMINAL:
+            raise errors.TaskNotCancelableError(
+                message=f"task {request.id} is {S.Name(run.task.status.state)}"
+            )
+        if run.turn_over:  # its end is being recorded
+            await run.finished.wait()
+            raise errors.TaskNotCancelableError(
+                message=f"task {request.id} is {S.Name(run.task.status.state)}"
+            )
+        run.cancel_requested = True
+        if run.started and run.conv.interrupt():
+            await run.finished.wait()
+            return run.snapshot()[0]
+        run.task.status.CopyFrom(_now_status(S.TASK_STATE_CANCELED))
+        await self.store.save(run.task)
+        run.publish(Update("status_update", self._status_event(run.task)))
+        return run.snapshot()[0]
+
+    async def subscribe(self, task_id: str) -> TaskRun:
+        run = self.runs.get(task_id)
+        if run is not None and run.task.status.state not in TERMINAL:
+            return run
+        stored = await self.store.get(task_id) if run is None else None
+        if run is None and stored is None:
+            raise errors.TaskNotFoundError(message=f"task {task_id} not found")
+        state = (run.task if run is not None else stored.task).status.state  # type: ignore[union-attr]
+        raise errors.UnsupportedOperationError(
+            message=f"task {task_id} is in terminal state: {S.Name(state)}"
+        )
+
+    async def list(self, request: pb.ListTasksRequest, max_size: int) -> pb.ListTasksResponse:
+        if request.history_length < 0:
+            raise errors.InvalidParamsError(message="historyLength must be non-negative")
+        size = request.page_size or 50
+        if not 1 <= size <= max_size:
+            raise errors.InvalidParamsError(message=f"pageSize must be between 1 and {max_size}")
+        token = request.page_token
+        if token and not (token.isascii() and token.isdigit() and len(token) < 10):
+            raise errors.InvalidParamsError(message="pageToken is not one this server gave")
+        offset = int(token or 0)
+        after = ""
+        if request.HasField("status_timestamp_after"):
+            after = request.status_timestamp_after.ToDatetime(tzinfo=UTC).isoformat()
+        tasks, total = await self.store.page(
+            request.context_id, request.status, after, offset, size
+        )
+        response = pb.ListTasksResponse(page_size=size, total_size=total)
+        if offset + len(tasks) < total:
+            response.next_page_token = str(offset + len(tasks))
+        for task in tasks:
+            live = self.runs.get(task.id)
+            if live is not None:
+                task = live.snapshot()[0]
+            if not request.include_artifacts:
+                task.ClearField("artifacts")
+            response.tasks.append(apply_history_length(task, request))
+        return response
+
+    # --- following a turn -------------------------------------------------------------------
+
+    def _start(self, run: TaskRun, after: int) -> None:
+        self.runs[run.task.id] = run
+        run.runner = asyncio.create_task(self._follow(run, after), name=f"a2a-{run.task.id}")
+
+    @staticmethod
+    def _status_event(task: pb.Task) -> pb.TaskStatusUpdateEvent:
+        return pb.TaskStatusUpdateEvent(
+            task_id=task.id, context_id=task.context_id, status=task.status
+        )
+
+    async def _follow(self, run: TaskRun, after: int) -> None:
+        task, conv = run.task, run.conv
+        text: list[str] = []
+        error: str | None = None
+        interrupted = ended = lost = False
+        try:
+            async for item in conv.turn_events(run.turn_id, after):
+                event = item.event
+                if isinstance(event, Gap):
+                    lost = True  # fell behind the replay buffer: the text comes from the log
+                    continue
+                if not run.started:
+                    run.started = True
+                    if run.cancel_requested:
+                        conv.interrupt()
+                    elif task.status.state == S.TASK_STATE_SUBMITTED:
+                        task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
+                        run.publish(Update("status_update", self._status_event(task)))
+                        await self.store.save_state(task)  # ListTasks filters on it
+                if isinstance(event, AppendText):
+                    if not event.reasoning:
+                        run.publish(
+                            Update(
+                                "artifact_update",
+                                (task.id, task.context_id, event.text, bool(text)),
+                            )
+                        )
+                        text.append(event.text)
+                elif isinstance(event, ToolCall):
+                    progress = _now_status(S.TASK_STATE_WORKING, f"calling {event.name}", task)
+                    progress.message.metadata["toolCall"] = {
+                        "callId": event.call_id,
+                        "name": event.name,
+                        "arguments": event.args_json,
+                    }
+                    if not run.cancel_requested:
+                        task.status.CopyFrom(progress)
+                        run.publish(Update("status_update", self._status_event(task)))
+                elif isinstance(event, Error):
+                    error = event.message
+                elif isinstance(event, Interrupted):
+                    interrupted = True
+                elif isinstance(event, End):
+                    ended = run.turn_over = True
+            end = None if ended and not lost else await self.store.turn_end(run.turn_id)
+            if end is not None:
+                self._settle_from_record(task, *end, cancel=run.cancel_requested)
+            elif not ended:
+                # the log closed (shutdown) before the turn ran: it runs after the next start,
+                # where recover() follows it again
+                return
+            elif error is not None:
+                self._settle(task, S.TASK_STATE_FAILED, "".join(text), error)
+            elif interrupted or run.cancel_requested:
+                self._settle(task, S.TASK_STATE_CANCELED, "".join(text))
+            else:
+                self._settle(task, S.TASK_STATE_COMPLETED, "".join(text))
+            await self.store.save(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("a2a: following the turn of task %s failed", task.id)
+            self._settle(task, S.TASK_STATE_FAILED, "".join(text), "internal error")
+            with contextlib.suppress(Exception):
+                await self.store.save(task)
+        finally:
+            self.runs.pop(task.id, None)
+            if task.status.state in TERMINAL:
+                run.publish(Update("status_update", self._status_event(task)))
+            run.finish()
+
+    def _settle_from_record(
+        self, task: pb.Task, kind: str, payload: dict[str, Any], cancel: bool = False
+    ) -> None:
+        if kind == "error":
+            message = payload.get("message") or "the turn failed"
+            if payload.get("code") == "restart":
+                message = CUT_OFF
+            self._settle(task, S.TASK_STATE_FAILED, payload.get("partialText", ""), message)
+        elif payload.get("interrupted") or cancel:
+            self._settle(task, S.TASK_STATE_CANCELED, payload.get("text", ""))
+        else:
+            self._settle(task, S.TASK_STATE_COMPLETED, payload.get("text", ""))
+
+    @staticmethod
+    def _settle(task: pb.Task, state: int, text: str, error: str | None = None) -> None:
+        """The task's end: the reply as its artifact and in its history, the error (if any) in
+        its status message."""
+        if text:
+            del task.artifacts[:]
+            task.artifacts.append(
+                pb.Artifact(artifact_id=REPLY, name=REPLY, parts=[pb.Part(text=text)])
+            )
+            task.history.append(agent_message(task, text))
+        task.status.CopyFrom(_now_status(state, error, task))

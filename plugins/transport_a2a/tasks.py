@@ -1,0 +1,242 @@
+"""Durable A2A tasks: one ``a2a_task`` row a task, the whole Task (status, history, artifacts,
+metadata) as its A2A 1.0 JSON, beside the columns lists filter on. Portable SQL only (peewee).
+
+Loaded at start-up without a2a-sdk (its protobuf types take a while to import): they are
+imported at the first A2A call, or at start-up when a stop left tasks unfinished."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import peewee
+
+from agentik.core.store import utcnow
+
+if TYPE_CHECKING:
+    from a2a.types import a2a_pb2 as pb
+
+    from agentik.core.agent import ChatAgent
+    from agentik.core.db import Database
+    from agentik_transport_a2a.service import A2AService
+
+#: the terminal states (as stored)
+TERMINAL_NAMES = frozenset(
+    {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"}
+)
+
+
+class A2ATask(peewee.Model):
+    seq = peewee.AutoField()
+    id = peewee.TextField(unique=True)
+    context_id = peewee.TextField(index=True)
+    conversation_id = peewee.TextField()
+    turn_id = peewee.TextField()  # the user message the task's turn answers
+    state = peewee.TextField(index=True)  # TASK_STATE_*
+    task_json = peewee.TextField()
+    created_at = peewee.TextField()
+    updated_at = peewee.TextField()
+
+    class Meta:
+        table_name = "a2a_task"
+
+
+class A2ATaskStatus(peewee.Model):
+    """Each status a task was given and stored, in order (its status history)."""
+
+    seq = peewee.AutoField()
+    task_id = peewee.TextField(index=True)
+    state = peewee.TextField()
+    status_json = peewee.TextField()  # the TaskStatus: state, timestamp, message
+
+    class Meta:
+        table_name = "a2a_task_status"
+
+
+def task_models() -> tuple[type[A2ATask], type[A2ATaskStatus]]:
+    """Subclasses per agent: peewee binds a model class to one database (tests run several)."""
+
+    class AgentA2ATask(A2ATask):
+        class Meta:
+            table_name = "a2a_task"
+
+    class AgentA2ATaskStatus(A2ATaskStatus):
+        class Meta:
+            table_name = "a2a_task_status"
+
+    return AgentA2ATask, AgentA2ATaskStatus
+
+
+class StoredTask:
+    __slots__ = ("conversation_id", "task", "turn_id")
+
+    def __init__(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
+        self.task, self.conversation_id, self.turn_id = task, conversation_id, turn_id
+
+
+def _parse(row: Any) -> StoredTask:
+    from a2a.types import a2a_pb2
+    from google.protobuf.json_format import ParseDict
+
+    task = ParseDict(json.loads(row.task_json), a2a_pb2.Task(), ignore_unknown_fields=True)
+    return StoredTask(task, row.conversation_id, row.turn_id)
+
+
+def _dump(task: pb.Task) -> str:
+    from google.protobuf.json_format import MessageToDict
+
+    return json.dumps(MessageToDict(task), ensure_ascii=False, separators=(",", ":"))
+
+
+def _status_row(task: pb.Task) -> dict[str, str]:
+    from google.protobuf.json_format import MessageToDict
+
+    return {
+        "task_id": task.id,
+        "state": _state(task.status.state),
+        "status_json": json.dumps(
+            MessageToDict(task.status), ensure_ascii=False, separators=(",", ":")
+        ),
+    }
+
+
+def _state(value: int) -> str:
+    from a2a.types import a2a_pb2
+
+    return a2a_pb2.TaskState.Name(value)  # type: ignore[arg-type]
+
+
+class Tasks:
+    """The A2A tasks of one agent (``agent.state``): the store from the start, the service
+    (with a2a-sdk) from its first use."""
+
+    def __init__(self, agent: ChatAgent, store: TaskStore) -> None:
+        self.agent, self.store = agent, store
+        self._service: A2AService | None = None
+
+    def service(self) -> A2AService:
+        if self._service is None:
+            from agentik_transport_a2a.service import A2AService
+
+            self._service = A2AService(self.agent, self.store)
+        return self._service
+
+    async def start(self) -> None:
+        """Settle what the last stop left unfinished (loading a2a-sdk only if there is any)."""
+        if await self.store.has_unfinished():
+            await self.service().recover()
+
+    async def close(self) -> None:
+        if self._service is not None:
+            await self._service.close()
+
+
+class TaskStore:
+    """Each write of a task also appends its status to its history, in one transaction."""
+
+    def __init__(self, db: Database, model: type[A2ATask], statuses: type[A2ATaskStatus]) -> None:
+        self.db, self.model, self.statuses = db, model, statuses
+
+    async def insert(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
+        now = utcnow().isoformat()
+        row = {
+            "id": task.id,
+            "context_id": task.context_id,
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "state": _state(task.status.state),
+            "task_json": _dump(task),
+            "created_at": now,
+            "updated_at": now,
+        }
+        status = _status_row(task)
+
+        def write() -> None:
+            self.model.insert(**row).execute()
+            self.statuses.insert(**status).execute()
+
+        await self.db.write(write)
+
+    async def save(self, task: pb.Task) -> None:
+        m = self.model
+        query = m.update(
+            state=_state(task.status.state),
+            task_json=_dump(task),
+            updated_at=utcnow().isoformat(),
+        ).where(m.id == task.id)
+        await self._write(query, task)
+
+    async def save_state(self, task: pb.Task) -> None:
+        """Only the state column (the row's task JSON is rewritten at the end): a running task's
+        live copy is served from memory, and lists filter on this column."""
+        m = self.model
+        query = m.update(state=_state(task.status.state), updated_at=utcnow().isoformat()).where(
+            m.id == task.id
+        )
+        await self._write(query, task)
+
+    async def _write(self, query: Any, task: pb.Task) -> None:
+        status = _status_row(task)
+
+        def write() -> None:
+            if query.execute():  # a task that was never stored has no history either
+                self.statuses.insert(**status).execute()
+
+        await self.db.write(write)
+
+    async def get(self, task_id: str) -> StoredTask | None:
+        m = self.model
+        row = await self.db.read(lambda: m.get_or_none(m.id == task_id))
+        return None if row is None else _parse(row)
+
+    async def page(
+        self,
+        context_id: str = "",
+        state: int = 0,
+        updated_after: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[pb.Task], int]:
+        """Tasks most recently updated first, and how many match in all."""
+        m = self.model
+        query = m.select()
+        if context_id:
+            query = query.where(m.context_id == context_id)
+        if state:
+            query = query.where(m.state == _state(state))
+        if updated_after:
+            query = query.where(m.updated_at >= updated_after)
+
+        def run() -> tuple[list[pb.Task], int]:
+            rows = query.order_by(m.updated_at.desc(), m.seq.desc()).offset(offset).limit(limit)
+            return [_parse(r).task for r in rows], query.count()
+
+        return await self.db.read(run)
+
+    async def unfinished(self) -> list[StoredTask]:
+        m = self.model
+        rows = await self.db.read(lambda: list(m.select().where(m.state.not_in(TERMINAL_NAMES))))
+        return [_parse(r) for r in rows]
+
+    async def has_unfinished(self) -> bool:
+        m = self.model
+        return await self.db.read(lambda: m.select().where(m.state.not_in(TERMINAL_NAMES)).exists())
+
+    async def turn_end(self, turn_id: str) -> tuple[str, dict[str, Any]] | None:
+        """How the core recorded the end of a turn: (``assistant`` | ``error``, payload), or
+        None while it has not ended (read from the audit log, the truth after a restart)."""
+
+        audit = peewee.Table("message", ("seq", "kind", "turn_id", "payload_json")).bind(self.db.db)
+        query = (
+            audit.select(audit.kind, audit.payload_json)
+            .where((audit.turn_id == turn_id) & audit.kind.in_(["assistant", "error"]))
+            .order_by(audit.seq)
+            .limit(1)
+            .tuples()
+        )
+
+        def q() -> tuple[str, dict[str, Any]] | None:
+            row = query.first()
+            return None if row is None else (row[0], json.loads(row[1]))
+
+        return await self.db.read(q)
