@@ -32,10 +32,27 @@ class PluginRoute:
         register("ping", lambda app, agent, settings: app.router.add_get("/plugin/ping", ping))
 
 
+#: every built-in plugin that adds routes
+TRANSPORTS = (
+    "agentik_transport_http",
+    "agentik_transport_a2a",
+    "agentik_transport_agui",
+    "agentik_debug",
+)
+#: routes anyone may read: the health check and the A2A agent card (it declares the scheme)
+PUBLIC = ("/health", "/.well-known/agent-card.json", "/a2a/.well-known/agent-card.json")
+
+
 def keyed_app(db_path, **env):
     return make_app(
         plugins=[("ping", PluginRoute())],
-        env={"AGENTIK_API_KEY": f"{KEY},{OTHER_KEY}", "AGENTIK_DB_PATH": str(db_path), **env},
+        env={
+            "AGENTIK_API_KEY": f"{KEY},{OTHER_KEY}",
+            "AGENTIK_DB_PATH": str(db_path),
+            "AGENTIK_DEBUG_ENDPOINTS": "1",
+            **env,
+        },
+        builtins=TRANSPORTS,
     )
 
 
@@ -65,6 +82,7 @@ async def test_every_route_of_every_transport_needs_a_key(aiohttp_client, tmp_pa
     cid = (await (await client.post("/agentik/conversations", headers=ok)).json())["id"]
     routes = concrete_routes(app, cid)
     assert ("GET", "/plugin/ping") in routes and ("GET", "/health") in routes
+    assert {("POST", "/a2a"), ("POST", "/agui"), ("POST", "/debug/{action}")} <= set(routes)
     for method, path in routes:
         for headers in (
             {},
@@ -72,7 +90,7 @@ async def test_every_route_of_every_transport_needs_a_key(aiohttp_client, tmp_pa
             {"Authorization": KEY},
         ):
             r = await client.request(method, path, headers=headers)
-            if path == "/health":
+            if path in PUBLIC:
                 assert r.status == 200, (method, path)
                 continue
             assert r.status == 401, (method, path, headers)
