@@ -264,3 +264,21 @@ asyncio.run(main())
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "stored ['m1']" in out.stdout
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+async def test_turn_end_is_the_record_that_closed_a_turn(tmp_path, kind):
+    store = SqliteStore(Database(str(tmp_path / "t.db"))) if kind == "sqlite" else MemoryStore()
+    await store.open()
+    now = utcnow()
+    await store.create_conversation(ConversationInfo("c", None, False, now, now))
+    for turn in ("u1", "u2"):
+        await store.add_user_message(Message(turn, "c", "user", now, {"content": []}))
+    assert await store.turn_end("u1") is None  # still running or waiting
+    await store.append(
+        "c", [Message("a1", "c", "assistant", now, {"text": "hi"})], turn_id="u1", touch=now
+    )
+    await store.fail_turn("c", "u2", Message("e2", "c", "error", now, {"message": "boom"}))
+    assert (await store.turn_end("u1")).payload == {"text": "hi"}
+    assert (await store.turn_end("u2")).kind == "error"
+    await store.close()

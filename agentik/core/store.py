@@ -162,6 +162,12 @@ class Store(abc.ABC):
         first: what reflection, memory review and skill mining quote to the model."""
 
     @abc.abstractmethod
+    async def turn_end(self, turn_id: str) -> Message | None:
+        """The record that ended a turn (its ``assistant`` or ``error`` record), or None while
+        it runs or waits: how a transport that follows turns learns, after a restart, how one
+        ended."""
+
+    @abc.abstractmethod
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]: ...
     @abc.abstractmethod
     async def clear_memory(self, conversation_id: str) -> None: ...
@@ -458,6 +464,19 @@ class SqliteStore(Store):
 
         return await self.db.read(q)
 
+    async def turn_end(self, turn_id: str) -> Message | None:
+        def q() -> Message | None:
+            row = self.db.execute(
+                "SELECT id, conversation_id, kind, created_at, payload_json FROM message "
+                "WHERE turn_id = ? AND kind IN ('assistant', 'error') ORDER BY seq LIMIT 1",
+                (turn_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            return Message(row[0], row[1], row[2], _dt(row[3]), json.loads(row[4]))
+
+        return await self.db.read(q)
+
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
         def q() -> list[MemoryRow]:
             rows = self.db.execute(
@@ -616,6 +635,7 @@ class MemoryStore(Store):
         self._keys: dict[tuple[str, str], Message] = {}
         self._state: dict[str, str] = {}
         self._aliases: dict[tuple[str, str], str] = {}
+        self._ends: dict[str, Message] = {}  # turn id -> the record that ended it
 
     async def create_conversation(self, info: ConversationInfo) -> None:
         self._convs[info.id] = info
@@ -673,6 +693,10 @@ class MemoryStore(Store):
         durable: bool = False,
     ) -> None:
         self._messages[conversation_id].extend(messages)
+        if turn_id is not None:
+            for m in messages:
+                if m.kind in ("assistant", "error"):
+                    self._ends.setdefault(turn_id, m)
         rows = self._memory[conversation_id]
         start = rows[-1].order_idx + 1 if rows else 0
         rows.extend(MemoryRow(i, turn_id, item) for i, item in enumerate(memory, start=start))
@@ -707,6 +731,9 @@ class MemoryStore(Store):
         first = starts[-max(turns, 1)] if len(starts) >= max(turns, 1) else 0
         return msgs[first:]
 
+    async def turn_end(self, turn_id: str) -> Message | None:
+        return self._ends.get(turn_id)
+
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
         return list(self._memory.get(conversation_id, []))
 
@@ -715,6 +742,7 @@ class MemoryStore(Store):
 
     async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
         self._messages[conversation_id].append(error)
+        self._ends.setdefault(turn_id, error)
         self._memory[conversation_id] = [
             r for r in self._memory[conversation_id] if r.turn_id != turn_id
         ]

@@ -86,7 +86,7 @@ def register_services(register: Callable[..., None], agent: ChatAgent) -> None:
             log.warning("a2a: the store has no database; A2A calls answer an internal error")
             yield
             return
-        found = Tasks(agent, TaskStore(db, model, statuses))
+        found = Tasks(agent, TaskStore(db, model, statuses, agent.store))
         await found.start()
         agent.state[STATE] = found
         try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import peewee
 
-from agentik.core.store import utcnow
+from agentik.core.store import Store, utcnow
 
 if TYPE_CHECKING:
     from a2a.types import a2a_pb2 as pb
@@ -134,7 +134,14 @@ class Tasks:
 class TaskStore:
     """Each write of a task also appends its status to its history, in one transaction."""
 
-    def __init__(self, db: Database, model: type[A2ATask], statuses: type[A2ATaskStatus]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        model: type[A2ATask],
+        statuses: type[A2ATaskStatus],
+        core: Store,
+    ) -> None:
+        self.core = core  # the agent's store: how its turns ended
         self.db, self.model, self.statuses = db, model, statuses
 
     async def insert(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
@@ -224,19 +231,6 @@ class TaskStore:
 
     async def turn_end(self, turn_id: str) -> tuple[str, dict[str, Any]] | None:
         """How the core recorded the end of a turn: (``assistant`` | ``error``, payload), or
-        None while it has not ended (read from the audit log, the truth after a restart)."""
-
-        audit = peewee.Table("message", ("seq", "kind", "turn_id", "payload_json")).bind(self.db.db)
-        query = (
-            audit.select(audit.kind, audit.payload_json)
-            .where((audit.turn_id == turn_id) & audit.kind.in_(["assistant", "error"]))
-            .order_by(audit.seq)
-            .limit(1)
-            .tuples()
-        )
-
-        def q() -> tuple[str, dict[str, Any]] | None:
-            row = query.first()
-            return None if row is None else (row[0], json.loads(row[1]))
-
-        return await self.db.read(q)
+        None while it has not ended (the audit log is the truth after a restart)."""
+        end = await self.core.turn_end(turn_id)
+        return None if end is None else (end.kind, end.payload)
