@@ -22,6 +22,7 @@ from agentik.core.conversation import (
     new_id,
     unwrap_events,
 )
+from agentik.core.embedding import EmbeddingBackend
 from agentik.core.events import EventLog, StreamItem
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
@@ -54,6 +55,7 @@ class ChatAgent:
         agent_id: str = "agentik",
         resume_queued: bool = True,
         memory: MemoryBackend | None = None,
+        embedding: EmbeddingBackend | None = None,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -61,6 +63,8 @@ class ChatAgent:
         self.llm = llm
         #: the long-term memory backend (agentik.core.memory), None when memory is off
         self.memory = memory
+        #: the embedding backend the memory backend uses (agentik.core.embedding), else None
+        self.embedding = embedding
         self.tools = tools or ToolRegistry()
         self.prompt_sections = sorted(prompt_sections, key=lambda s: s[0])
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests

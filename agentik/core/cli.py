@@ -282,6 +282,7 @@ def plugins_command(as_json: bool) -> int:
         "memory": None
         if "off" in (settings.get("AGENTIK_MEMORY_DIR"), None)
         else settings.get("AGENTIK_MEMORY_BACKEND"),
+        "embedding": settings.get("AGENTIK_EMBEDDING_BACKEND"),  # used by a memory that needs one
     }
     details = {} if invalid else asyncio.run(plugin_details(plugins, Settings(declared)))
     report: list[dict[str, Any]] = []
