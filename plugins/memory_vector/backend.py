@@ -196,11 +196,14 @@ class VectorMemory(MemoryBackend):
             if self.index_path is not None:
                 log.info("memory index rebuilt: %d notes in %.2f s", len(rows), took)
         else:
-            added, dropped = await asyncio.to_thread(
-                index.reconcile, rows, lambda labels: self._vectors(labels)
-            )
-            if added or dropped:
-                log.info("memory index caught up: %d notes added, %d dropped", added, dropped)
+            # notes committed after the index was saved, or deleted since (a crash)
+            missing, dropped = index.reconcile(rows)
+            if missing:
+                vectors = await db.read(lambda: self._vectors(missing))
+                await asyncio.to_thread(index.add, missing, vectors, -1)
+            if missing or dropped:
+                log.info("memory index caught up: %d notes added, %d dropped",
+                         len(missing), dropped)  # fmt: skip
         if index.dirty:
             await asyncio.to_thread(index.save)
         self._index = index
@@ -404,7 +407,7 @@ class VectorMemory(MemoryBackend):
                     r
                     for (r,) in self._live()
                     .select(self.Note.id)
-                    .where((self.Note.uses == 0) & (self.Note.created < cutoff))
+                    .where((self.Note.uses == 0) & (self.Note.created <= cutoff))
                     .tuples()
                 ]
             )

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import hnswlib
@@ -107,19 +107,14 @@ class AnnIndex:
         self.labels = set()
         self.add(labels, vectors, threads=-1)
 
-    def reconcile(
-        self, live: Iterable[int], vectors_of: Callable[[list[int]], numpy.ndarray]
-    ) -> tuple[int, int]:
-        """Make the index hold exactly the ``live`` labels: add the missing ones (their vectors
-        from ``vectors_of(labels)``), drop the others. Returns (added, dropped)."""
+    def reconcile(self, live: Iterable[int]) -> tuple[list[int], int]:
+        """Drop the labels not ``live``; returns the live labels missing from the index (to
+        :meth:`add` with their vectors) and how many were dropped."""
         live = set(live)
         dropped = self.labels - live
         for label in dropped:
             self.remove(label)
-        missing = sorted(live - self.labels)
-        if missing:
-            self.add(missing, vectors_of(missing), threads=-1)
-        return len(missing), len(dropped)
+        return sorted(live - self.labels), len(dropped)
 
     def add(self, labels: Sequence[int], vectors: numpy.ndarray, threads: int = 1) -> None:
         if not len(labels):
