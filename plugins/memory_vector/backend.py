@@ -16,14 +16,13 @@ same loop iteration go in one call; backends run off the event loop).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
 import peewee
@@ -77,8 +76,24 @@ class VectorMeta(peewee.Model):
 
 
 TABLE = "memory_vector_note"
-ROW = "id, note_id, category, text, source, created, last_used, uses, archived, vector"
-Row = collections.namedtuple("Row", ROW.replace(",", ""))  # type: ignore[misc]
+
+
+class Row(NamedTuple):
+    """A note's row as the search reads it."""
+
+    id: int
+    note_id: str
+    category: str
+    text: str
+    source: str
+    created: str
+    last_used: str | None
+    uses: int
+    archived: str | None
+    vector: bytes
+
+
+ROW = ", ".join(Row._fields)
 
 
 def models() -> tuple[type[VectorNote], type[VectorMeta]]:
