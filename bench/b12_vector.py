@@ -228,6 +228,8 @@ async def main(args: Any) -> dict[str, Any]:
     tmp.mkdir(parents=True, exist_ok=True)
     reps = common.repeats(args, 3, 1)
     sizes = [(2_000, 384), (5_000, 1536)] if args.quick else [(10_000, 1536), (100_000, 384)]
+    if getattr(args, "sizes", None):  # e.g. 10000x1536,30000x384
+        sizes = [tuple(map(int, s.split("x"))) for s in args.sizes.split(",")]  # type: ignore[misc]
     cases = {size: await search_case(tmp, *size, queries=200, reps=reps) for size in sizes}
     turns = 30 if args.quick else 100
     t = await ttft(tmp, 5_000, 384, turns)
@@ -293,5 +295,9 @@ async def main(args: Any) -> dict[str, Any]:
     return {"id": "B12", "title": "semantic memory (vector)", "rows": rows, "notes": notes}
 
 
+def add_args(parser: Any) -> None:
+    parser.add_argument("--sizes", help="notes x dimension, comma-separated (10000x1536,...)")
+
+
 if __name__ == "__main__":
-    common.cli(main)
+    common.cli(main, add_args)

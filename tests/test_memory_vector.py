@@ -330,7 +330,8 @@ async def test_the_index_grows_without_a_rebuild(monkeypatch):
     for i in range(20):
         index.add([i + 1], vectors[i : i + 1])
     assert index.index is graph and graph.get_max_elements() >= 20
-    assert index.query(vectors[7], 1) == [8]
+    [(label, cosine)] = index.query(vectors[7], 1)
+    assert label == 8 and cosine == pytest.approx(1.0, abs=1e-5)
 
 
 async def test_a_dimension_mismatch_stops_start_up_with_one_line(tmp_path, fake):

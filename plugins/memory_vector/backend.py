@@ -79,7 +79,7 @@ TABLE = "memory_vector_note"
 
 
 class Row(NamedTuple):
-    """A note's row as the search reads it."""
+    """A note's row as the search reads it (its vector stays in the database)."""
 
     id: int
     note_id: str
@@ -90,7 +90,6 @@ class Row(NamedTuple):
     last_used: str | None
     uses: int
     archived: str | None
-    vector: bytes
 
 
 ROW = ", ".join(Row._fields)
@@ -361,20 +360,24 @@ class VectorMemory(MemoryBackend):
         async with self._lock:
             if self._index is None:
                 raise NoteError("the memory is closed")
-            labels = self._index.query(vector, max(limit * CANDIDATES, 40))
-            if not labels:
+            found = self._index.query(vector, max(limit * CANDIDATES, 40))
+            cosines = {label: cosine for label, cosine in found if cosine >= MIN_COSINE}
+            if not cosines:
                 return []
-            rows = await db.read(lambda: self._rows(labels))
-        if not rows:
+            rows = await db.read(lambda: self._rows(list(cosines)))
+        # only what is live now: never a deleted note from a stale index
+        live = sorted((r for r in rows if r.archived is None), key=lambda r: -cosines[r.id])
+        if not live:
             return []
-        # the exact cosine, from the vectors as saved (unit length)
-        matrix = numpy.frombuffer(b"".join(r.vector for r in rows), dtype=numpy.float32)
-        cosines = (matrix.reshape(len(rows), -1) @ vector).tolist()
+        # the recency weight takes at most RECENCY of a cosine: a note below (1 - RECENCY) x the
+        # limit-th best cosine cannot make the top, and is not weighed
+        floor = (1 - RECENCY) * cosines[live[min(limit, len(live)) - 1].id]
         now = datetime.now(UTC)
         ranked = []
-        for row, cosine in zip(rows, cosines, strict=True):
-            if row.archived is not None or cosine < MIN_COSINE:
-                continue  # only what is live now: never a deleted note from a stale index
+        for row in live:
+            cosine = cosines[row.id]
+            if cosine < floor:
+                break
             created, used = datetime.fromisoformat(row.created), _time(row.last_used)
             moment = created if used is None else max(created, used)
             ranked.append((score(cosine, now - moment), row))

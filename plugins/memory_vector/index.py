@@ -133,21 +133,23 @@ class AnnIndex:
             self.labels.discard(label)
             self.dirty = True
 
-    def query(self, vector: numpy.ndarray, k: int) -> list[int]:
-        """The labels of up to ``k`` nearest live vectors, nearest first."""
+    def query(self, vector: numpy.ndarray, k: int) -> list[tuple[int, float]]:
+        """Up to ``k`` nearest live vectors, nearest first: (label, cosine). The cosine is
+        exact (hnswlib computes it against the stored vector); only which vectors are found
+        is approximate."""
         k = min(k, len(self.labels))
         if k == 0:
             return []
         self.index.set_ef(max(EF_SEARCH, k))
         while True:
             try:
-                labels, _ = self.index.knn_query(vector, k=k, num_threads=1)
+                labels, distances = self.index.knn_query(vector, k=k, num_threads=1)
             except RuntimeError:  # fewer than k reachable (many deleted): ask for fewer
                 if k == 1:
                     return []
                 k //= 2
                 continue
-            return [int(label) for label in labels[0]]
+            return list(zip(labels[0].tolist(), (1.0 - distances[0]).tolist(), strict=True))
 
     @property
     def deleted(self) -> int:
