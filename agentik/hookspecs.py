@@ -59,7 +59,9 @@ def register_memory_backends(register: Register) -> None:
     """Register long-term memory backends by name (chosen by ``AGENTIK_MEMORY_BACKEND``).
 
     Same ``register(name, factory, aliases=(), requires=())`` contract as
-    :func:`register_llm_backends`; the factory receives the settings.
+    :func:`register_llm_backends`; the factory receives the settings, and also ``embedding``
+    (the selected embedding backend, built only then) and ``store`` (the agent's store) when
+    it has parameters of those names.
     """
 
 
@@ -68,7 +70,9 @@ def register_embedding_backends(register: Register) -> None:
     """Register embedding backends by name (chosen by ``AGENTIK_EMBEDDING_BACKEND``).
 
     Same ``register(name, factory, aliases=(), requires=())`` contract as
-    :func:`register_llm_backends`; the factory receives the settings.
+    :func:`register_llm_backends`; the factory receives the settings and returns an
+    :class:`agentik.core.embedding.EmbeddingBackend`. It is built only for a memory backend
+    whose factory takes ``embedding``.
     """
 
 

@@ -39,6 +39,7 @@ SUITE = {  # id -> (module, timeout s)
     "B9B": ("b09b_send_burst.py", 300),
     "B10": ("b10_long_conversation.py", 240),
     "B11": ("b11_memory.py", 400),
+    "B12": ("b12_vector.py", 900),
     "B12S": ("b12s_siglip.py", 600),
     "B13": ("b13_tool_loop.py", 600),
     "B14": ("b14_loop_lag.py", 240),

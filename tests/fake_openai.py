@@ -16,6 +16,11 @@ With an empty script it answers ``echo: <last user message text>``. A reply with
 answers only a request whose messages contain that text (a background one-shot call next to the
 turns); the others answer the requests in order.
 
+``POST /v1/embeddings`` answers deterministic vectors (:func:`embed_text`: a hashed bag of word
+stems, so texts that share words are close) of the request's ``dimensions`` (default 1536);
+``fake.embedding_faults`` (``POST /_fake/embeddings {"faults": [...], "mode": ...}``) makes the
+next requests fail (a status, or ``"short"``: vectors one number too short), ``mode`` every one.
+
 ``FakeOpenAI(quirks=Quirks(...))`` (or ``--quirks llama-cpp-python``) makes it behave like a real
 server that departs from OpenAI's API in the ways listed in :class:`Quirks`.
 """
@@ -24,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import itertools
 import json
+import math
 import re
 import signal
 import socket
@@ -144,6 +151,54 @@ def deltas(
     return out
 
 
+EMBEDDING_DIMENSION = 1536
+WORD = re.compile(r"\w+")
+# words that say nothing about a text's topic (a real model weighs them down too)
+FILLER = frozenset(
+    [
+        "the",
+        "and",
+        "are",
+        "what",
+        "which",
+        "how",
+        "you",
+        "your",
+        "about",
+        "for",
+        "with",
+        "this",
+        "that",
+        "was",
+        "were",
+        "has",
+        "have",
+        "does",
+        "did",
+        "can",
+        "not",
+        "too",
+        "any",
+        "its",
+    ]
+)
+
+
+def embed_text(text: str, dimension: int = EMBEDDING_DIMENSION) -> list[float]:
+    """A unit vector: the first five letters of each word (of three letters or more, not
+    :data:`FILLER`) hashed to a position and a sign, a bag of stems: texts sharing words are
+    close, unrelated ones nearly orthogonal."""
+    vector = [0.0] * dimension
+    for word in WORD.findall(text.casefold()):
+        if len(word) < 3 or word in FILLER:
+            continue
+        digest = hashlib.blake2b(word[:5].encode(), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dimension
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
 def usage_of(body: dict[str, Any], reply: Reply, calls: list[tuple[str, str, str]]) -> Any:
     usage = reply.usage
     if usage is AUTO:
@@ -164,6 +219,11 @@ class FakeOpenAI:
         self.default = default or echo
         self.quirks = quirks
         self.requests: list[dict[str, Any]] = []
+        self.embedding_requests: list[dict[str, Any]] = []
+        #: failures of the next /embeddings requests, one each (a status, or "short")
+        self.embedding_faults: deque[int | str] = deque()
+        #: the failure of every /embeddings request after those (None: answer)
+        self.embedding_mode: int | str | None = None
         self._script: deque[Reply] = deque()
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -171,6 +231,8 @@ class FakeOpenAI:
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self._completions)
         self.app.router.add_get("/v1/models", self._models)
+        self.app.router.add_post("/v1/embeddings", self._embeddings)
+        self.app.router.add_post("/_fake/embeddings", self._control_embeddings)
         self.app.router.add_post("/_fake/script", self._control_script)
         self.app.router.add_get("/_fake/requests", self._control_requests)
         self.app.router.add_post("/_fake/reset", self._control_reset)
@@ -275,6 +337,25 @@ class FakeOpenAI:
             pass  # the client went away
         return resp
 
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.embedding_requests.append(body)
+        fault = self.embedding_faults.popleft() if self.embedding_faults else self.embedding_mode
+        if isinstance(fault, int):
+            text, kind, code = ERRORS.get(fault, (SERVER_ERROR, "server_error", None))
+            error = {"message": text, "type": kind, "param": None, "code": code}
+            return web.json_response({"error": error}, status=fault)
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        dimension = int(body.get("dimensions") or EMBEDDING_DIMENSION)
+        length = dimension - 1 if fault == "short" else dimension
+        data = [{"object": "embedding", "index": i, "embedding": embed_text(t, dimension)[:length]}
+                for i, t in enumerate(texts)]  # fmt: skip
+        tokens = sum(len(WORD.findall(t)) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        model = body.get("model", "text-embedding-3-small")
+        return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
+
     def _quirky(self, body: dict[str, Any], reply: Reply, stream: bool) -> Reply:
         """``reply`` as a server with :attr:`quirks` would answer ``body``."""
         quirks = self.quirks
@@ -298,12 +379,21 @@ class FakeOpenAI:
         self.script(*(Reply.from_json(r) for r in await request.json()))
         return web.json_response({"queued": len(self._script)})
 
+    async def _control_embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.embedding_faults.extend(body.get("faults", []))
+        self.embedding_mode = body.get("mode")
+        return web.json_response({"ok": True})
+
     async def _control_requests(self, request: web.Request) -> web.Response:
         return web.json_response(self.requests)
 
     async def _control_reset(self, request: web.Request) -> web.Response:
         self._script.clear()
         self.requests.clear()
+        self.embedding_requests.clear()
+        self.embedding_faults.clear()
+        self.embedding_mode = None
         return web.json_response({"ok": True})
 
 

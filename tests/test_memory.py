@@ -15,18 +15,21 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+import agentik_embedding_http
 import agentik_memory
 import agentik_memory_md
+import agentik_memory_vector
 from agentik.core.app import AGENT
 from agentik.core.llm import HistoryItem, LLMError, ToolCallRequest, ToolResultInput, UserInput
 from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.types import TextPart
 from agentik_memory.feature import BLOCK_END, BLOCK_START
 from tests.conftest import collect_turn
+from tests.fake_openai import FakeOpenAI
 from tests.test_memory_core import DictPlugin
 from tests.test_memory_md import notes_in
 
-BACKENDS = ["md", "dict"]
+BACKENDS = ["md", "dict", "vector"]
 
 
 class ReviewLLM(ScriptedLLM):
@@ -59,14 +62,21 @@ class ReviewLLM(ScriptedLLM):
 @pytest.fixture
 async def app(tmp_path):
     """``await app(backend, llm, **env)``: a started server with the memory feature."""
-    servers: list[TestServer] = []
+    servers: list[TestServer | FakeOpenAI] = []
 
     async def start(backend: str = "md", llm: Any = None, **env: str) -> Any:
         plugins = [
             ("agentik_memory", agentik_memory),
             ("agentik_memory_md", agentik_memory_md),
+            ("agentik_memory_vector", agentik_memory_vector),
+            ("agentik_embedding_http", agentik_embedding_http),
             ("dictmem", DictPlugin()),
         ]
+        if backend == "vector":  # its embeddings: the fake's hashed bags of words
+            embeddings = FakeOpenAI()
+            await embeddings.start()
+            servers.append(embeddings)
+            env = {"OPENAI_BASE_URL": embeddings.base_url, "OPENAI_API_KEY": "sk-test", **env}
         env = {
             "AGENTIK_MEMORY_BACKEND": backend,
             "AGENTIK_MEMORY_DIR": str(tmp_path / "mem"),
@@ -80,7 +90,7 @@ async def app(tmp_path):
         return application[AGENT]
 
     yield start
-    for server in servers:
+    for server in reversed(servers):
         await server.close()
 
 
@@ -319,8 +329,8 @@ async def test_the_curator_archives_notes_never_used(app, backend, caplog):
     # the first pass comes after the notes are saved and one is used (on a busy machine too)
     agent = await app(backend, AGENTIK_MEMORY_CURATOR_INTERVAL="0.3", AGENTIK_MEMORY_MAX_AGE="0")
     used = await agent.memory.save("user", "The user is a nurse.", "USER")
+    await agent.memory.mark_used([used.id])  # before the curator's next pass can archive it
     await agent.memory.save("user", "The user once visited Oslo.", "AUTO_REVIEW")
-    await agent.memory.mark_used([used.id])
     for _ in range(250):
         if await agent.memory.count() == 1:
             break
@@ -334,7 +344,11 @@ async def test_the_banner_line(app, backend, tmp_path):
     agent = await app(backend)
     await agent.memory.save("user", "The user's name is Alice.", "USER")
     [line] = agentik_memory.banner_lines(agent, {"AGENTIK_MEMORY_BACKEND": backend})
-    where = f"{tmp_path / 'mem'}, 1 notes" if backend == "md" else "a dict, 1 notes"
+    where = {
+        "md": f"{tmp_path / 'mem'}, 1 notes",
+        "dict": "a dict, 1 notes",
+        "vector": "1 notes, dim 1536, embeddings: http text-embedding-3-small",
+    }[backend]
     assert line == f"memory: {backend} ({where})"
 
 

@@ -23,6 +23,7 @@ from agentik.core.conversation import (
     new_id,
     unwrap_events,
 )
+from agentik.core.embedding import EmbeddingBackend
 from agentik.core.events import EventLog, StreamItem
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
@@ -55,6 +56,7 @@ class ChatAgent:
         agent_id: str = "agentik",
         resume_queued: bool = True,
         memory: MemoryBackend | None = None,
+        embedding: EmbeddingBackend | None = None,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -62,6 +64,8 @@ class ChatAgent:
         self.llm = llm
         #: the long-term memory backend (agentik.core.memory), None when memory is off
         self.memory = memory
+        #: the embedding backend the memory backend uses (agentik.core.embedding), else None
+        self.embedding = embedding
         self.tools = tools or ToolRegistry()
         self.prompt_sections = sorted(prompt_sections, key=lambda s: s[0])
         # a render may take the agent (the state its plugin keeps on it) or nothing

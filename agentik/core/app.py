@@ -20,6 +20,7 @@ from agentik.core import security
 from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
+from agentik.core.embedding import EmbeddingBackend
 from agentik.core.listener import TroubleLog
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend, memory_off
@@ -146,16 +147,40 @@ def select_llm(
     return llm
 
 
-def select_memory(
+def select_embedding(
     plugins: Plugins, settings: Settings, regs: dict[str, BackendRegistry] | None = None
+) -> EmbeddingBackend:
+    """The embedding backend ``AGENTIK_EMBEDDING_BACKEND`` names (built only for a memory
+    backend whose factory takes ``embedding``)."""
+    name = settings["AGENTIK_EMBEDDING_BACKEND"]
+    regs = regs if regs is not None else registries(plugins)
+    try:
+        embedding = regs["embedding"].create(name, settings, variable="AGENTIK_EMBEDDING_BACKEND")
+    except (BackendError, SettingsError) as e:
+        raise StartupError(str(e)) from e
+    if not isinstance(embedding, EmbeddingBackend):
+        raise StartupError(f"embedding backend {name!r} did not return an EmbeddingBackend")
+    if not embedding.name:
+        embedding.name = name
+    return embedding
+
+
+def select_memory(
+    plugins: Plugins,
+    settings: Settings,
+    regs: dict[str, BackendRegistry] | None = None,
+    provide: Mapping[str, Callable[[], Any]] | None = None,
 ) -> MemoryBackend | None:
-    """The memory backend ``AGENTIK_MEMORY_BACKEND`` names; None when memory is off."""
+    """The memory backend ``AGENTIK_MEMORY_BACKEND`` names; None when memory is off.
+    ``provide``: what its factory may ask for by parameter name (``embedding``, ``store``)."""
     if memory_off(settings):
         return None
     name = settings["AGENTIK_MEMORY_BACKEND"]
     regs = regs if regs is not None else registries(plugins)
     try:
-        memory = regs["memory"].create(name, settings, variable="AGENTIK_MEMORY_BACKEND")
+        memory = regs["memory"].create(
+            name, settings, variable="AGENTIK_MEMORY_BACKEND", provide=provide
+        )
     except BackendError as e:
         if "AGENTIK_MEMORY_BACKEND" not in getattr(settings, "explicit", ()):
             # the default backend's plugin is not loaded (disabled, or left out): no memory
@@ -207,16 +232,30 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
     except OSError as e:
         raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot create its folder: {e}") from e
     regs = registries(plugins)  # every register_*_backends hook called once
+    store = SqliteStore(database)
+    llm = llm if llm is not None else select_llm(plugins, settings, regs)
+    # a memory factory gets what it names: the embedding backend (built only then), the store
+    embeddings: list[EmbeddingBackend] = []
+
+    def embedding() -> EmbeddingBackend:
+        if not embeddings:
+            embeddings.append(select_embedding(plugins, settings, regs))
+        return embeddings[0]
+
+    memory = select_memory(
+        plugins, settings, regs, provide={"embedding": embedding, "store": lambda: store}
+    )
     return ChatAgent(
-        store=SqliteStore(database),
-        llm=llm if llm is not None else select_llm(plugins, settings, regs),
+        store=store,
+        llm=llm,
         tools=tools,
         prompt_sections=collect_prompt_sections(plugins, settings),
         hooks=plugins.hook,
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
-        memory=select_memory(plugins, settings, regs),
+        memory=memory,
+        embedding=embeddings[0] if embeddings else None,
     )
 
 
@@ -354,6 +393,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         except Exception as e:
             path = settings["AGENTIK_DB_PATH"]
             raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
+        if agent.embedding is not None:  # before the memory backend that uses it
+            await _start_embedding(services, agent.embedding, settings)
         if agent.memory is not None:
             await _start_memory(services, agent.memory, settings)
         await _start_services(services, agent, plugins, settings)
@@ -391,12 +432,27 @@ async def _start_services(
             raise PluginError(plugin, f"starting service {name!r}", e) from e
 
 
+async def _start_embedding(
+    stack: contextlib.AsyncExitStack, embedding: EmbeddingBackend, settings: Settings
+) -> None:
+    name = settings["AGENTIK_EMBEDDING_BACKEND"]
+    try:
+        await embedding.start()
+    except StartupError:
+        raise
+    except Exception as e:
+        raise StartupError(f"AGENTIK_EMBEDDING_BACKEND={name!r}: cannot start: {e}") from e
+    stack.push_async_callback(embedding.close)  # closed after the memory that uses it
+
+
 async def _start_memory(
     stack: contextlib.AsyncExitStack, memory: MemoryBackend, settings: Settings
 ) -> None:
     name = settings["AGENTIK_MEMORY_BACKEND"]
     try:
         await memory.start()
+    except StartupError:  # its own line, naming the variable (a dimension mismatch)
+        raise
     except Exception as e:
         raise StartupError(f"AGENTIK_MEMORY_BACKEND={name!r}: cannot start: {e}") from e
     stack.push_async_callback(memory.close)  # closed after the services that may use it

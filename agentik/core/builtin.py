@@ -81,6 +81,13 @@ CORE_SETTINGS = (
         "Long-term memory backend by name (see `agentik plugins`); `off` turns memory off.",
     ),
     Setting(
+        "AGENTIK_EMBEDDING_BACKEND",
+        "http",
+        str.lower,
+        "Embedding backend by name (see `agentik plugins`), built only for a memory backend "
+        "that needs one (vector).",
+    ),
+    Setting(
         "AGENTIK_MEMORY_DIR",
         "~/.agentik/memory",
         parse_memory_dir,

@@ -371,6 +371,7 @@ def plugins_command(as_json: bool) -> int:
         "memory": None
         if "off" in (settings.get("AGENTIK_MEMORY_DIR"), None)
         else settings.get("AGENTIK_MEMORY_BACKEND"),
+        "embedding": settings.get("AGENTIK_EMBEDDING_BACKEND"),  # used by a memory that needs one
     }
     details = {} if invalid else asyncio.run(plugin_details(plugins, Settings(declared)))
     report: list[dict[str, Any]] = []
@@ -489,8 +490,14 @@ def settings_table() -> str:
     from agentik.core.plugins import make_plugins
 
     rows = ["| Variable | Default | Plugin | Meaning |", "|---|---|---|---|"]
-    for s in declared_settings(make_plugins(env={})):
+    declared = declared_settings(make_plugins(env={}))
+    plugins: dict[str, list[str]] = {}  # a variable shared on purpose: one row, every plugin
+    for s in declared:
+        plugins.setdefault(s.name, []).append(str(s.plugin))
+    for s in declared:
+        if s.plugin != plugins[s.name][0]:
+            continue
         shown = _show(s.default)
         default = "—" if shown is None else f"`{shown}`"
-        rows.append(f"| `{s.name}` | {default} | {s.plugin} | {s.help} |")
+        rows.append(f"| `{s.name}` | {default} | {', '.join(plugins[s.name])} | {s.help} |")
     return "\n".join(rows)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -128,16 +128,25 @@ class BackendRegistry:
             )
         return backend
 
-    def create(self, name: str, settings: Any, *, variable: str | None = None) -> Any:
+    def create(
+        self,
+        name: str,
+        settings: Any,
+        *,
+        variable: str | None = None,
+        provide: Mapping[str, Callable[[], Any]] | None = None,
+    ) -> Any:
         """Build the backend called ``name`` with its factory: what start-up does with the
         selected one, and what a backend that wraps another does with the inner one::
 
             def make_cached(settings, backends):
                 return CachingLLM(backends.create(settings["CACHE_INNER"], settings))
 
-        A factory that raises is reported naming its plugin.
+        ``provide`` maps more parameter names to what makes their value: a factory that names
+        one gets it (made only then), e.g. a memory factory's ``embedding``. A factory that
+        raises is reported naming its plugin.
         """
-        from agentik.core.plugins import PluginError
+        from agentik.core.plugins import PluginError, StartupError
         from agentik.core.settings import SettingsError
 
         backend = self.get(name, variable=variable or f"{self.kind} backend")
@@ -146,10 +155,12 @@ class BackendRegistry:
             raise BackendError(f"{self.kind} backends wrap each other in a loop: {chain}")
         self._creating.append(backend.name)
         try:
-            if "backends" in inspect.signature(backend.factory).parameters:
-                return backend.factory(settings, backends=self)
-            return backend.factory(settings)
-        except (BackendError, SettingsError, PluginError):
+            wanted = inspect.signature(backend.factory).parameters
+            kwargs = {k: make() for k, make in (provide or {}).items() if k in wanted}
+            if "backends" in wanted:
+                kwargs["backends"] = self
+            return backend.factory(settings, **kwargs)
+        except (BackendError, SettingsError, PluginError, StartupError):
             raise
         except Exception as e:
             raise PluginError(

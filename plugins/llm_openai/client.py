@@ -1,4 +1,5 @@
-"""A minimal client for an OpenAI-compatible ``/chat/completions`` endpoint, on aiohttp.
+"""A minimal client for an OpenAI-compatible endpoint (``/chat/completions``, ``/embeddings``),
+on aiohttp; the ``http`` embedding backend (``plugins/embedding_http``) uses it too.
 
 It POSTs a request body serialised once with ``json.dumps``, retries like the ``openai`` SDK
 (connection errors, timeouts, 408, 409, 429 and 5xx; exponential back-off or ``Retry-After``)
@@ -79,7 +80,9 @@ def retryable(status: int) -> bool:
 
 
 class OpenAIClient:
-    """One ``aiohttp.ClientSession`` (a pool of keep-alive connections) for one endpoint."""
+    """One ``aiohttp.ClientSession`` (a pool of keep-alive connections) for one endpoint:
+    ``path`` under ``base_url`` (``/chat/completions``, ``/embeddings``); ``what`` names the
+    server in error messages (``the model server failed (HTTP 500)``)."""
 
     def __init__(
         self,
@@ -89,10 +92,13 @@ class OpenAIClient:
         timeout: float,
         max_retries: int,
         context_window: int | None = None,
+        path: str = "/chat/completions",
+        what: str = "model server",
     ) -> None:
         self.base_url, self.api_key = base_url, api_key
         self.context_window = context_window  # named in the advice of a context-length error
-        self.url = f"{base_url}/chat/completions"
+        self.url = f"{base_url}{path}"
+        self.what = what
         self.timeout, self.max_retries = timeout, max_retries
         self._session: aiohttp.ClientSession | None = None
         self._proxy: URL | None = None
@@ -152,7 +158,7 @@ class OpenAIClient:
             except TimeoutError as e:  # aiohttp's timeouts subclass it
                 error, cause, again = self.timed_out(), e, True
             except aiohttp.ClientError as e:
-                message = f"could not connect to the model server at {self.base_url}"
+                message = f"could not connect to the {self.what} at {self.base_url}"
                 error, cause, again = LLMError(message, "connection"), e, True
             else:
                 if resp.status < 300:
@@ -205,8 +211,9 @@ class OpenAIClient:
     # --- errors ---------------------------------------------------------------------------
 
     def timed_out(self) -> LLMError:
+        what = "model" if self.what == "model server" else self.what
         return LLMError(
-            f"the model at {self.base_url} timed out after {self.timeout:g} s", "timeout"
+            f"the {what} at {self.base_url} timed out after {self.timeout:g} s", "timeout"
         )
 
     async def _status_error(self, resp: aiohttp.ClientResponse) -> LLMError:
@@ -218,10 +225,13 @@ class OpenAIClient:
             raw = b""
         text = raw.decode(errors="replace").strip()
         message = server_message(text)
-        log.warning(
-            "the model server %s answered HTTP %d: %s", self.base_url, resp.status, text[:4000]
+        log.warning("the %s %s answered HTTP %d: %s", self.what, self.url, resp.status, text[:4000])
+        # only a chat's context can fill up (an embedding input too long is the caller's)
+        context_error = (
+            context_length_error(message, self.context_window, text)
+            if self.url.endswith("/chat/completions")
+            else None
         )
-        context_error = context_length_error(message, self.context_window, text)
         if context_error is not None:
             return context_error
         what = "rejected the request" if resp.status < 500 else "failed"
@@ -229,9 +239,9 @@ class OpenAIClient:
         if message:
             if len(message) > SERVER_MESSAGE_MAX:
                 message = message[:SERVER_MESSAGE_MAX] + "…"
-            summary = f"the model server {what} ({status}): {message}"
+            summary = f"the {self.what} {what} ({status}): {message}"
         else:
-            summary = f"the model server {what} ({status} {resp.reason or ''}".rstrip() + ")"
+            summary = f"the {self.what} {what} ({status} {resp.reason or ''}".rstrip() + ")"
         if resp.headers.get("Location"):
             summary += f" (redirected to {resp.headers['Location']})"
         return LLMError(summary, f"http_{resp.status}")

@@ -101,6 +101,8 @@ class MemoryFeature:
         self._saving = asyncio.Lock()
         #: conversation id -> the notes its running turn was given (bumped when it ends)
         self._given: dict[str, list[str]] = {}
+        #: the prefetch's search is failing (an embedding endpoint down): logged once, not per turn
+        self._search_down = False
 
     # --- prefetch ---------------------------------------------------------------------------
 
@@ -108,7 +110,16 @@ class MemoryFeature:
         self._given.pop(conversation_id, None)
         if self.prefetch_limit == 0 or not text.strip():
             return None
-        found = await self.memory.search(text, self.prefetch_limit)
+        try:
+            found = await self.memory.search(text, self.prefetch_limit)
+        except NoteError as e:  # the turn goes on without memory
+            if not self._search_down:
+                self._search_down = True
+                log.warning("memory prefetch is off until search works again: %s", e)
+            return None
+        if self._search_down:
+            self._search_down = False
+            log.info("memory prefetch works again")
         relevant = [n for n in found if (n.score or 0.0) >= self.min_score]
         block, given = render_block(relevant, self.prefetch_chars)
         if given:  # counted when the turn ends: the bookkeeping never competes with the turn
@@ -162,8 +173,11 @@ class MemoryFeature:
                     purpose=f"memory review of {conversation_id}",
                 )
                 saved = 0
-                for category, text in facts or ():
-                    saved += (await self.remember(category, text, source))[1]
+                try:
+                    for category, text in facts or ():
+                        saved += (await self.remember(category, text, source))[1]
+                except NoteError as e:
+                    log.warning("memory review of %s stopped: %s", conversation_id, e)
                 if saved:
                     log.info("memory review of %s saved %d note(s)", conversation_id, saved)
                 return saved
@@ -190,7 +204,10 @@ class MemoryFeature:
             return f"Saved as {note.id}." if new else f"Already remembered as {note.id}."
 
         async def memory_read(query: str) -> str:
-            notes = await self.memory.search(query, 10)
+            try:
+                notes = await self.memory.search(query, 10)
+            except NoteError as e:
+                raise ToolError(str(e)) from e
             return "\n".join(map(line, notes)) if notes else "No matching notes."
 
         async def memory_list(category: str, offset: int = 0, limit: int = 20) -> str:
@@ -201,7 +218,11 @@ class MemoryFeature:
             return "\n".join(map(line, notes)) if notes else f"No {category} notes here."
 
         async def memory_delete(id: str) -> str:
-            if not await self.memory.delete(id, recoverable=True):
+            try:
+                deleted = await self.memory.delete(id, recoverable=True)
+            except NoteError as e:
+                raise ToolError(str(e)) from e
+            if not deleted:
                 raise ToolError(f"no note with id {id!r}")
             return f"Deleted {id}."
 

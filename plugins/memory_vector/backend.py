@@ -1,0 +1,466 @@
+"""The ``vector`` memory backend: notes and their vectors in the agent's database, found by
+meaning through an hnswlib index (``index.py``).
+
+SQLite (``AGENTIK_DB_PATH``, tables ``memory_vector_note`` and ``memory_vector_meta``) is the
+truth; the index is a cache of its vectors. Search asks the index for candidates, drops the ones
+the database no longer holds live (a crash may leave a deleted note in a saved index), and
+re-ranks them by exact cosine with a recency weight (:func:`score`). Writes (save, delete,
+archive) and index changes happen under one lock: a note is in the index only once committed,
+and out of it as soon as its deletion is.
+
+Embeddings come from ``agent.embedding`` through :class:`Embedder`: an LRU cache (the prefetch
+and the review embed the same text more than once per turn) and batching (texts asked in the
+same loop iteration go in one call; backends run off the event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy
+import peewee
+
+from agentik.core.embedding import EmbeddingBackend, EmbeddingError
+from agentik.core.memory import MemoryBackend, Note, NoteError, check_category
+from agentik.core.plugins import StartupError
+from agentik_memory_vector.index import AnnIndex
+
+if TYPE_CHECKING:
+    from agentik.core.db import Database
+    from agentik.core.store import Store
+
+log = logging.getLogger("agentik.memory")
+
+CACHE_SIZE = 256
+#: the recency weight: a note's cosine counts in full when it was created or last used just
+#: now, and loses up to RECENCY (10 %) of it as that moment ages, half of that every
+#: HALF_LIFE (30 days): an older note ranks below a fresh one only when they are near equal
+RECENCY, HALF_LIFE_DAYS = 0.1, 30.0
+#: notes with a lower cosine to the query share nothing meaningful with it: not returned
+MIN_COSINE = 0.15
+CANDIDATES = 4  # index candidates per note asked for (at least 40), re-ranked exactly
+
+
+class VectorNote(peewee.Model):
+    id = peewee.AutoField()  # the index label
+    note_id = peewee.TextField(unique=True)
+    category = peewee.TextField()
+    text = peewee.TextField()
+    source = peewee.TextField()
+    created = peewee.TextField()  # ISO 8601, UTC
+    last_used = peewee.TextField(null=True)
+    uses = peewee.IntegerField(default=0)
+    vector = peewee.BlobField()  # float32, unit length
+    #: None while live; why it was archived ("deleted", "stale"), kept to restore it by hand
+    archived = peewee.TextField(null=True)
+    archived_at = peewee.TextField(null=True)
+
+    class Meta:
+        table_name = "memory_vector_note"
+        indexes = ((("archived", "category"), False),)
+
+
+class VectorMeta(peewee.Model):
+    key = peewee.TextField(primary_key=True)
+    value = peewee.TextField()
+
+    class Meta:
+        table_name = "memory_vector_meta"
+
+
+TABLE = "memory_vector_note"
+
+
+class Row(NamedTuple):
+    """A note's row as the search reads it (its vector stays in the database)."""
+
+    id: int
+    note_id: str
+    category: str
+    text: str
+    source: str
+    created: str
+    last_used: str | None
+    uses: int
+    archived: str | None
+
+
+ROW = ", ".join(Row._fields)
+
+
+def models() -> tuple[type[VectorNote], type[VectorMeta]]:
+    """Subclasses per agent: peewee binds a model class to one database (tests run several)."""
+
+    class Notes(VectorNote):
+        class Meta:
+            table_name = "memory_vector_note"
+
+    class Metadata(VectorMeta):
+        class Meta:
+            table_name = "memory_vector_meta"
+
+    return Notes, Metadata
+
+
+def unit(vectors: numpy.ndarray) -> numpy.ndarray:
+    norms = numpy.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / numpy.where(norms == 0, 1, norms)).astype(numpy.float32)
+
+
+def score(cosine: float, age: timedelta) -> float:
+    """``cosine * (1 - R + R * 2 ** (-age / H))``, R = 0.1, H = 30 days, in [0, 1]."""
+    days = max(age.total_seconds(), 0.0) / 86400
+    return max(0.0, min(1.0, cosine * (1 - RECENCY + RECENCY * 0.5 ** (days / HALF_LIFE_DAYS))))
+
+
+def _iso(dt: datetime) -> str:
+    return dt.isoformat(timespec="seconds")
+
+
+def _time(raw: str | None) -> datetime | None:
+    return None if raw is None else datetime.fromisoformat(raw)
+
+
+class Embedder:
+    """One embedding backend, with an LRU cache and batching of the texts asked together."""
+
+    def __init__(self, backend: EmbeddingBackend, cache_size: int = CACHE_SIZE) -> None:
+        self.backend = backend
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, numpy.ndarray] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[numpy.ndarray]] = {}
+        self._flush: asyncio.Task[None] | None = None
+
+    async def one(self, text: str) -> numpy.ndarray:
+        """``text``'s unit vector; raises :class:`EmbeddingError`."""
+        cached = self._cache.get(text)
+        if cached is not None:
+            self._cache.move_to_end(text)
+            return cached
+        future = self._pending.get(text)
+        if future is None:
+            future = self._pending[text] = asyncio.get_running_loop().create_future()
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+            if self._flush is None:
+                self._flush = asyncio.create_task(self._embed_pending())
+        return await asyncio.shield(future)
+
+    async def _embed_pending(self) -> None:
+        await asyncio.sleep(0)  # the texts asked in this loop iteration go together
+        pending, self._pending, self._flush = self._pending, {}, None
+        texts = list(pending)
+        try:
+            vectors = unit(numpy.asarray(await self.backend.embed(texts), dtype=numpy.float32))
+            if vectors.shape != (len(texts), self.backend.dimension):
+                raise EmbeddingError(
+                    f"the embedding backend answered shape {vectors.shape} for {len(texts)} "
+                    f"texts of dimension {self.backend.dimension}"
+                )
+        except BaseException as e:
+            error = e if isinstance(e, EmbeddingError) else EmbeddingError(repr(e))
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for text, vector in zip(texts, vectors, strict=True):
+            self._cache[text] = vector
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            if not pending[text].done():
+                pending[text].set_result(vector)
+
+    async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+
+
+class VectorMemory(MemoryBackend):
+    def __init__(self, store: Store, embedding: EmbeddingBackend, index_path: Path | None) -> None:
+        self.store = store
+        self.embedding = embedding
+        self.embedder = Embedder(embedding)
+        self.index_path = index_path
+        self.Note, self.Meta = models()
+        self._db: Database | None = None
+        self._index: AnnIndex | None = None
+        self._lock = asyncio.Lock()  # writes and index changes, one at a time
+        self._count = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        db = await self.store.add_models([self.Note, self.Meta])
+        if db is None:
+            raise NoteError("the vector memory needs the agent's database (AGENTIK_DB_PATH)")
+        self._db = db
+        dimension = self.embedding.dimension
+        await self._check_dimension(db, dimension)
+        index = AnnIndex(dimension, self.index_path)
+        rows = await db.read(lambda: [r for (r,) in self._live().select(self.Note.id).tuples()])
+        self._count = len(rows)
+        loaded = await asyncio.to_thread(index.load)
+        if not loaded or index.deleted > max(len(rows), 1000):  # too many holes: rebuild
+            started = asyncio.get_running_loop().time()
+            vectors = await db.read(lambda: self._vectors(rows))
+            await asyncio.to_thread(index.rebuild, rows, vectors)
+            took = asyncio.get_running_loop().time() - started
+            if self.index_path is not None:
+                log.info("memory index rebuilt: %d notes in %.2f s", len(rows), took)
+        else:
+            # notes committed after the index was saved, or deleted since (a crash)
+            missing, dropped = index.reconcile(rows)
+            if missing:
+                vectors = await db.read(lambda: self._vectors(missing))
+                await asyncio.to_thread(index.add, missing, vectors, -1)
+            if missing or dropped:
+                log.info("memory index caught up: %d notes added, %d dropped",
+                         len(missing), dropped)  # fmt: skip
+        if index.dirty:
+            await asyncio.to_thread(index.save)
+        self._index = index
+
+    async def _check_dimension(self, db: Database, dimension: int) -> None:
+        """The vectors stored have this backend's dimension, or start-up stops (never mixed)."""
+        meta = await db.read(lambda: dict(self.Meta.select().tuples()))
+        stored = int(meta.get("dimension", 0))
+        model = f"{self.embedding.name} {self.embedding.model}".strip()
+        count = await db.read(lambda: self.Note.select().count())
+        if count and stored and stored != dimension:
+            raise StartupError(
+                f"AGENTIK_EMBEDDING_BACKEND={self.embedding.name!r}: the vector memory in "
+                f"{self.store_path} holds {count} notes of dimension {stored} (embedded by "
+                f"{meta.get('embedding', '?')}), but {model} gives {dimension}; use that "
+                "embedding model again (AGENTIK_EMBEDDING_MODEL, AGENTIK_EMBEDDING_DIMENSION) or "
+                "another AGENTIK_DB_PATH"
+            )
+        if count and meta.get("embedding") not in (None, model):
+            log.warning("memory notes were embedded by %s, now by %s: search quality may suffer",
+                        meta.get("embedding"), model)  # fmt: skip
+
+        def write() -> None:
+            for key, value in (("dimension", str(dimension)), ("embedding", model)):
+                self.Meta.insert(key=key, value=value).on_conflict_replace().execute()
+
+        if not count or meta.get("dimension") != str(dimension):
+            await db.write(write)
+
+    @property
+    def store_path(self) -> str:
+        return self._db.path if self._db is not None else "?"
+
+    async def close(self) -> None:
+        await self.embedder.close()
+        async with self._lock:
+            index, self._index = self._index, None
+            if index is not None and index.dirty:
+                try:
+                    await asyncio.to_thread(index.save)
+                except OSError as e:  # rebuilt or caught up at the next start
+                    log.warning("memory index %s not saved: %s", index.path, e)
+
+    def describe(self) -> str:
+        return (
+            f"{self._count} notes, dim {self.embedding.dimension}, embeddings: "
+            f"{self.embedding.name} {self.embedding.model}".rstrip()
+        )
+
+    # --- queries --------------------------------------------------------------------------
+
+    def _live(self) -> peewee.ModelSelect:
+        return self.Note.select().where(self.Note.archived.is_null())
+
+    def _vectors(self, labels: Sequence[int]) -> numpy.ndarray:
+        """The stored vectors of these rows, in order (read in chunks: SQL parameter limits)."""
+        out = numpy.empty((len(labels), self.embedding.dimension), dtype=numpy.float32)
+        at = {label: i for i, label in enumerate(labels)}
+        for start in range(0, len(labels), 500):
+            chunk = labels[start : start + 500]
+            query = self.Note.select(self.Note.id, self.Note.vector).where(self.Note.id.in_(chunk))
+            for label, blob in query.tuples():
+                out[at[label]] = numpy.frombuffer(blob, dtype=numpy.float32)
+        return out
+
+    def _rows(self, labels: Sequence[int]) -> list[Row]:
+        """The rows of these labels by primary key (plain SQL: peewee takes longer to build the
+        query than SQLite to answer it)."""
+        marks = ", ".join("?" * len(labels))
+        cursor = self._db_().execute(
+            f"SELECT {ROW} FROM {TABLE} WHERE id IN ({marks})", tuple(labels)
+        )
+        return [Row(*r) for r in cursor.fetchall()]
+
+    def _note(self, row: Any, relevance: float | None = None) -> Note:
+        return Note(
+            row.note_id,
+            row.category,
+            row.text,
+            row.source,
+            datetime.fromisoformat(row.created),
+            _time(row.last_used),
+            row.uses,
+            relevance,
+        )
+
+    def _db_(self) -> Database:
+        if self._db is None or self._index is None:
+            raise NoteError("the memory is closed")
+        return self._db
+
+    async def _embed(self, text: str) -> numpy.ndarray:
+        try:
+            return await self.embedder.one(text)
+        except EmbeddingError as e:
+            raise NoteError(f"memory search failed: {e}") from e
+
+    async def save(self, category: str, text: str, source: str) -> Note:
+        check_category(category)
+        text = text.strip()
+        if not text:
+            raise NoteError("a note needs text")
+        try:
+            vector = await self.embedder.one(text)
+        except EmbeddingError as e:
+            raise NoteError(f"the note was not saved: {e}") from e
+        db = self._db_()
+        now = datetime.now(UTC).replace(microsecond=0)
+        note = Note(uuid.uuid4().hex[:12], category, text, source, now)
+        async with self._lock:
+            index = self._index
+            if index is None:
+                raise NoteError("the memory is closed")
+            row = await db.write(
+                lambda: self.Note.create(
+                    note_id=note.id,
+                    category=category,
+                    text=text,
+                    source=source,
+                    created=_iso(now),
+                    vector=vector.tobytes(),
+                )
+            )
+            self._count += 1
+            # committed: a crash from here on leaves the note to the next start's catch-up
+            await asyncio.to_thread(index.add, [row.id], vector[None, :])
+        return note
+
+    async def search(self, query: str, limit: int) -> list[Note]:
+        if limit <= 0 or not query.strip():
+            return []
+        db = self._db_()
+        vector = await self._embed(query)
+        async with self._lock:
+            if self._index is None:
+                raise NoteError("the memory is closed")
+            found = self._index.query(vector, max(limit * CANDIDATES, 40))
+            cosines = {label: cosine for label, cosine in found if cosine >= MIN_COSINE}
+            if not cosines:
+                return []
+            rows = await db.read(lambda: self._rows(list(cosines)))
+        # only what is live now: never a deleted note from a stale index
+        live = sorted((r for r in rows if r.archived is None), key=lambda r: -cosines[r.id])
+        if not live:
+            return []
+        # the recency weight takes at most RECENCY of a cosine: a note below (1 - RECENCY) x the
+        # limit-th best cosine cannot make the top, and is not weighed
+        floor = (1 - RECENCY) * cosines[live[min(limit, len(live)) - 1].id]
+        now = datetime.now(UTC)
+        ranked = []
+        for row in live:
+            cosine = cosines[row.id]
+            if cosine < floor:
+                break
+            created, used = datetime.fromisoformat(row.created), _time(row.last_used)
+            moment = created if used is None else max(created, used)
+            ranked.append((score(cosine, now - moment), row))
+        ranked.sort(key=lambda pair: -pair[0])
+        return [self._note(row, s) for s, row in ranked[:limit]]
+
+    async def get(self, note_id: str) -> Note | None:
+        db = self._db_()
+        row = await db.read(lambda: self._live().where(self.Note.note_id == note_id).first())
+        return None if row is None else self._note(row)
+
+    async def list(self, category: str, offset: int = 0, limit: int = 50) -> list[Note]:
+        check_category(category)
+        db = self._db_()
+        rows = await db.read(
+            lambda: list(
+                self._live()
+                .where(self.Note.category == category)
+                .order_by(self.Note.id)
+                .offset(max(offset, 0))
+                .limit(limit)
+            )
+        )
+        return [self._note(r) for r in rows]
+
+    async def delete(self, note_id: str, recoverable: bool = True) -> bool:
+        db = self._db_()
+        async with self._lock:
+            row = await db.read(lambda: self._live().where(self.Note.note_id == note_id).first())
+            if row is None:
+                return False
+            if recoverable:  # kept, archived: restore it by setting archived to NULL
+                stamp = _iso(datetime.now(UTC))
+                update = self.Note.update(archived="deleted", archived_at=stamp)
+                await db.write(lambda: update.where(self.Note.id == row.id).execute())
+            else:
+                await db.write(lambda: self.Note.delete_by_id(row.id))
+            self._count -= 1
+            if self._index is not None:
+                self._index.remove(row.id)
+        return True
+
+    async def mark_used(self, note_ids: Sequence[str]) -> None:
+        if not note_ids:
+            return
+        db = self._db_()
+        stamp = _iso(datetime.now(UTC))
+        update = self.Note.update(uses=self.Note.uses + 1, last_used=stamp).where(
+            self.Note.note_id.in_(list(note_ids))
+        )
+        await db.write(update.execute)
+
+    async def archive_stale(self, max_age: timedelta) -> int:
+        db = self._db_()
+        cutoff = _iso(datetime.now(UTC) - max_age)
+        async with self._lock:
+            stale = await db.read(
+                lambda: [
+                    r
+                    for (r,) in self._live()
+                    .select(self.Note.id)
+                    .where((self.Note.uses == 0) & (self.Note.created <= cutoff))
+                    .tuples()
+                ]
+            )
+            if not stale:
+                return 0
+            stamp = _iso(datetime.now(UTC))
+
+            def archive() -> None:
+                for start in range(0, len(stale), 500):
+                    chunk = stale[start : start + 500]
+                    self.Note.update(archived="stale", archived_at=stamp).where(
+                        self.Note.id.in_(chunk)
+                    ).execute()
+
+            await db.write(archive)
+            self._count -= len(stale)
+            if self._index is not None:
+                for label in stale:
+                    self._index.remove(label)
+        return len(stale)
+
+    async def count(self) -> int:
+        db = self._db_()
+        return int(await db.read(lambda: self._live().count()))
