@@ -135,3 +135,32 @@ def test_a_bad_url_or_key_is_one_line_and_status_2():
         assert done.returncode == 2
         [line] = done.stderr.strip().splitlines()  # one line, no traceback
         assert line.startswith(f"agentik: error: {said}")
+
+
+def test_a_chat_reads_a_pipe_to_its_end_without_spinning(serve, fake_openai_proc):
+    """``echo … | agentik chat``: the last line counts even without its newline, a character
+    split between two reads stays whole, and the end of the pipe ends the chat without
+    spinning (a pipe at its end stays readable: watched, it woke the loop all turn long)."""
+    import resource
+    import subprocess
+
+    _, base = serve(openai_env(fake_openai_proc))
+    asyncio.run(script_fake(fake_openai_proc, {"text": "slow " * 100, "delay": 0.03}))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTIK_")}
+    text = "é" * 3000  # 6,000 bytes: split across reads of 4,096
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [str(BIN / "agentik"), "chat", "--url", base, "--new"],
+        input=f"hello\n{text}".encode(),
+        capture_output=True,
+        env=clean,
+        timeout=60,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "agent> slow slow" in out and f"agent> echo: {text}" in out
+    assert "\ufffd" not in out
+    # a 3 s turn: the chat's own CPU is its start-up, not 3 s of a busy loop
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert cpu < 2.5, cpu

@@ -383,6 +383,33 @@ async def test_head_on_an_sse_endpoint_sends_headers_only(client):
         assert await asyncio.wait_for(r.read(), 3) == b""
 
 
+async def test_a_disk_failure_is_a_503_that_a_keyed_retry_completes(client, db_path, monkeypatch):
+    """The fsync after the commit fails: 503 with Retry-After (not a 500), and the client's
+    retry with the same key runs the message that was stored, once."""
+    from agentik.core.app import AGENT
+
+    cid = await new_conv(client)
+    db = client.app[AGENT].store.db
+    real = db._sync_wal
+
+    def failing_once() -> None:
+        monkeypatch.setattr(db, "_sync_wal", real)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(db, "_sync_wal", failing_once)
+    url = f"/agentik/conversations/{cid}/messages"
+    headers = {"Idempotency-Key": "disk-1"}
+    r = await client.post(url, json=TEXT, headers=headers)
+    assert r.status == 503 and r.headers["Retry-After"] == "1"
+    assert (await r.json())["error"]["code"] == "storage_unavailable"
+    again = await client.post(url, json=TEXT, headers=headers)
+    assert again.status == 202
+    await finish_turn(client, cid)
+    items = (await (await client.get(url)).json())["items"]
+    assert [m["type"] for m in items] == ["user", "assistant"]
+    assert items[0]["id"] == (await again.json())["id"]
+
+
 async def test_an_idempotency_key_stores_and_runs_a_retried_send_once(client, db_path):
     cid = await new_conv(client)
     other = await new_conv(client)

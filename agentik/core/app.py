@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import peewee
 from aiohttp import web
 
 from agentik.core import security
@@ -277,6 +279,18 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         code = e.reason.lower().replace(" ", "_")
         message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
         return error_response(e.status, code, message, headers=e.headers)
+    except (OSError, sqlite3.OperationalError, peewee.OperationalError) as e:
+        if isinstance(e, ConnectionError):  # the client went away: nobody to answer
+            raise
+        # the disk or the database failed (full, I/O error): nothing was done, or a commit was
+        # not confirmed, and a retry with the same Idempotency-Key completes it; say so
+        log.exception("storage error on %s %s", request.method, request.path)
+        return error_response(
+            503,
+            "storage_unavailable",
+            "the database could not complete the request; retry it",
+            headers={"Retry-After": "1"},
+        )
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal", "internal server error")

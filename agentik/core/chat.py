@@ -8,6 +8,7 @@ One event stream per conversation prints every turn's text as it arrives.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import os
 import signal
 import sys
@@ -72,6 +73,8 @@ class Chat:
         self.presses = 0  # Ctrl-C since the last line typed
         self.leave = asyncio.Event()
         self.pending = ""  # a line being typed (what the terminal handed over so far)
+        # a character may be split between two reads of a pipe
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.mid_line = False  # the agent's text left the cursor mid-line
         self.interrupting: asyncio.Future[None] | None = None
 
@@ -87,9 +90,14 @@ class Chat:
     def on_input(self, fd: int) -> None:
         data = os.read(fd, 4096)
         if not data:
-            self.lines.put_nowait(None)  # end of input (Ctrl-D)
+            # end of input (Ctrl-D): a pipe at its end stays readable, so stop watching it
+            asyncio.get_running_loop().remove_reader(fd)
+            last = self.pending + self.decoder.decode(b"", final=True)
+            if last.strip():  # a last line without its newline
+                self.lines.put_nowait(last.rstrip("\r"))
+            self.lines.put_nowait(None)
             return
-        self.pending += data.decode(errors="replace")
+        self.pending += self.decoder.decode(data)
         *complete, self.pending = self.pending.split("\n")
         for line in complete:
             self.lines.put_nowait(line.rstrip("\r"))

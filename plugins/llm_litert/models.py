@@ -295,7 +295,8 @@ def download(url: str, part: Path, size: int | None, headers: dict[str, str], na
                         bar.update(len(chunk))
             return
         except (httpx2.TransportError, httpx2.StreamError) as e:
-            if attempt == RETRIES or part.stat().st_size <= have:  # no progress: give up
+            got = part.stat().st_size if part.exists() else 0  # cut before the first byte
+            if attempt == RETRIES or got <= have:  # no progress: give up
                 raise
             log.warning("the download of %s was cut (%s): resuming", name, e)
             time.sleep(RETRY_WAIT)

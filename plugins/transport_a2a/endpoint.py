@@ -3,7 +3,7 @@ out (imported at the first call: it loads a2a-sdk)."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import logging
 
@@ -117,16 +117,17 @@ async def _stream(request: web.Request, service: A2AService, call: Call) -> web.
         await response.write(jsonrpc.stream_frame(call, Update("task", task)))
         if task.status.state in TERMINAL:
             return response
-        async for batch in run.follow(start):  # one write for all that came meanwhile
-            frames, done = [], False
-            for update in batch:
-                frames.append(jsonrpc.stream_frame(call, update))
-                if update.kind == "status_update" and update.value.status.state in TERMINAL:
-                    done = True
+        async with contextlib.aclosing(run.follow(start)) as updates:
+            async for batch in updates:  # one write for all that came meanwhile
+                frames, done = [], False
+                for update in batch:
+                    frames.append(jsonrpc.stream_frame(call, update))
+                    if update.kind == "status_update" and update.value.status.state in TERMINAL:
+                        done = True
+                        break
+                await response.write(b"".join(frames))
+                if done:
                     break
-            await response.write(b"".join(frames))
-            if done:
-                break
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:
         pass  # the client left; the task goes on
     return response

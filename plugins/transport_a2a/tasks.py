@@ -162,7 +162,8 @@ class TaskStore:
             self.model.insert(**row).execute()
             self.statuses.insert(**status).execute()
 
-        await self.db.write(write)
+        # on disk before its id reaches the client, like the message it answers
+        await self.db.write(write, durable=True)
 
     async def save(self, task: pb.Task) -> None:
         m = self.model
@@ -189,7 +190,8 @@ class TaskStore:
             if query.execute():  # a task that was never stored has no history either
                 self.statuses.insert(**status).execute()
 
-        await self.db.write(write)
+        # on disk before its id reaches the client, like the message it answers
+        await self.db.write(write, durable=True)
 
     async def get(self, task_id: str) -> StoredTask | None:
         m = self.model
