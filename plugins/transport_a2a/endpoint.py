@@ -108,7 +108,9 @@ async def _stream(request: web.Request, service: A2AService, call: Call) -> web.
         run = await service.send(call.params)
     else:
         run = await service.subscribe(call.params.id)
-    task, start = run.snapshot()
+    task, start = (
+        run.first if run.first and call.method == "SendStreamingMessage" else run.snapshot()
+    )
     if call.method == "SendStreamingMessage":
         task = apply_history_length(task, call.params.configuration)
     response = web.StreamResponse(headers=SSE_HEADERS)

@@ -90,6 +90,9 @@ class TaskRun:
         self.finished = asyncio.Event()
         self._waiters: list[asyncio.Future[None]] = []
         self.runner: asyncio.Task[None] | None = None
+        #: the snapshot a streaming send starts with: taken before the task's durable write,
+        #: so the updates of a turn that starts meanwhile stream after it, not folded into it
+        self.first: tuple[pb.Task, int] | None = None
 
     def publish(self, update: Update) -> None:
         self.updates.append(update)
@@ -221,6 +224,7 @@ class A2AService:
         user.role = pb.ROLE_USER
         run = TaskRun(task, conv, record.id)
         self._start(run, after)  # before the write: nothing of the turn is missed meanwhile
+        run.first = run.snapshot()
         await self.store.insert(task, conv.id, record.id)
         return run
 
