@@ -397,6 +397,16 @@ async def test_cancel_a_queued_task(aiohttp_client, tmp_path):
         if "artifacts" not in got and got["status"]["state"] == "TASK_STATE_CANCELED":
             break
     assert got["status"]["state"] == "TASK_STATE_CANCELED"
+    # its turn never ran, and never will: closed in the audit log, nothing left for a restart
+    assert [i[0].text for i in llm.received] == ["one"]
+    cid = first["metadata"]["agentikConversationId"]
+    items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
+    # (recorded as they happened: "two" arrived and was cancelled while "one" ran)
+    assert [m["type"] for m in items] == ["user", "user", "error", "assistant"]
+    assert items[2]["code"] == "cancelled" and items[2]["userMessageId"] == items[1]["id"]
+    from agentik.core.app import AGENT
+
+    assert await client.app[AGENT].store.dangling_turns() == []
 
 
 async def test_list_tasks_paged_and_filtered(aiohttp_client, tmp_path):
@@ -517,3 +527,24 @@ async def test_without_a2a_sdk_the_endpoint_says_what_to_install(
     assert answer["error"]["code"] == -32603
     assert "pip install 'agentik[a2a]'" in answer["error"]["message"]
     assert (await client.get("/a2a/.well-known/agent-card.json")).status == 200
+
+
+async def test_a_resent_message_is_the_same_task_not_a_second_turn(aiohttp_client, tmp_path):
+    """A client that got no answer sends the same message (same messageId) again: the task
+    that answers it, while it runs and after it ended; one user message in the conversation."""
+    client = await aiohttp_client(a2a_app(tmp_path, llm=ScriptedLLM(delay=0.05)))
+    first = await rpc(
+        client,
+        "SendMessage",
+        {"message": text_message("once"), "configuration": {"returnImmediately": True}},
+    )
+    task = first["result"]["task"]
+    context = {"contextId": task["contextId"]}
+    again = await rpc(client, "SendMessage", {"message": text_message("once", **context)})
+    assert again["result"]["task"]["id"] == task["id"]
+    assert again["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    later = await rpc(client, "SendMessage", {"message": text_message("once", **context)})
+    assert later["result"]["task"]["id"] == task["id"]
+    cid = task["metadata"]["agentikConversationId"]
+    r = await client.get(f"/agentik/conversations/{cid}/messages")
+    assert [m["type"] for m in (await r.json())["items"]] == ["user", "assistant"]

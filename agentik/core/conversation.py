@@ -257,6 +257,19 @@ class ChatConversation:
         while self._worker is not None and not self._worker.done():
             await asyncio.wait([self._worker])
 
+    async def cancel_queued(self, message_id: str) -> bool:
+        """Take a message whose turn has not started out of the queue and close it with a
+        ``cancelled`` Error record: it never runs, not after a restart either. False when it
+        is not waiting (running, over, or not this conversation's); :meth:`interrupt` stops a
+        running turn. Listeners get no events for it: it never began."""
+        for msg in self._queue:
+            if msg.id == message_id:
+                self._queue.remove(msg)  # now, before any await: the worker cannot take it
+                record = error_record(self.id, msg.id, "cancelled before it started", "cancelled")
+                await self._store.fail_turn(self.id, msg.id, record)
+                return True
+        return False
+
     def interrupt(self) -> bool:
         """Stop the running turn (queued sends still run). False when nothing was running."""
         if self._evicted:

@@ -209,11 +209,15 @@ class A2AService:
         try:
             conv = await self.agent.aliased_conversation(NAMESPACE, context_id)
             after = conv.last_event_id
-            record = await conv.send(content)
+            # a client that resends a message it got no answer for starts no second turn
+            record = await conv.send(content, idempotency_key=f"a2a:{message.message_id}")
         except InvalidInput as e:
             raise errors.InvalidParamsError(message=str(e)) from None
         except ConversationClosed as e:
             raise errors.InternalError(message=str(e)) from None
+        known = await self._task_of_turn(conv, record.id)
+        if known is not None:  # the message was sent before: its task, not a new one
+            return known
         task = pb.Task(
             id=str(uuid.uuid4()), context_id=context_id, status=_now_status(S.TASK_STATE_SUBMITTED)
         )
@@ -226,6 +230,19 @@ class A2AService:
         self._start(run, after)  # before the write: nothing of the turn is missed meanwhile
         run.first = run.snapshot()
         await self.store.insert(task, conv.id, record.id)
+        return run
+
+    async def _task_of_turn(self, conv: ChatConversation, turn_id: str) -> TaskRun | None:
+        """The task that answers ``turn_id`` already: a live run, or a stored one (as a run
+        that is over)."""
+        for run in self.runs.values():
+            if run.turn_id == turn_id:
+                return run
+        stored = await self.store.by_turn(turn_id)
+        if stored is None:
+            return None
+        run = TaskRun(stored.task, conv, turn_id)
+        run.finish()
         return run
 
     def _content(self, parts: Any) -> list[ContentPart]:
@@ -292,6 +309,13 @@ class A2AService:
             return run.snapshot()[0]
         run.task.status.CopyFrom(_now_status(S.TASK_STATE_CANCELED))
         await self.store.save(run.task)
+        if not run.started and await run.conv.cancel_queued(run.turn_id):
+            # its turn will never run, not after a restart either: stop following it (the
+            # follower's end publishes the final status)
+            assert run.runner is not None
+            run.runner.cancel()
+            await run.finished.wait()
+            return run.snapshot()[0]
         run.publish(Update("status_update", self._status_event(run.task)))
         return run.snapshot()[0]
 
@@ -421,7 +445,9 @@ class A2AService:
     def _settle_from_record(
         self, task: pb.Task, kind: str, payload: dict[str, Any], cancel: bool = False
     ) -> None:
-        if kind == "error":
+        if kind == "error" and payload.get("code") == "cancelled":  # taken out of the queue
+            self._settle(task, S.TASK_STATE_CANCELED, "")
+        elif kind == "error":
             message = payload.get("message") or "the turn failed"
             if payload.get("code") == "restart":
                 message = CUT_OFF

@@ -31,7 +31,7 @@ class A2ATask(peewee.Model):
     id = peewee.TextField(unique=True)
     context_id = peewee.TextField(index=True)
     conversation_id = peewee.TextField()
-    turn_id = peewee.TextField()  # the user message the task's turn answers
+    turn_id = peewee.TextField(index=True)  # the user message the task's turn answers
     state = peewee.TextField(index=True)  # TASK_STATE_*
     task_json = peewee.TextField()
     created_at = peewee.TextField()
@@ -196,6 +196,12 @@ class TaskStore:
     async def get(self, task_id: str) -> StoredTask | None:
         m = self.model
         row = await self.db.read(lambda: m.get_or_none(m.id == task_id))
+        return None if row is None else _parse(row)
+
+    async def by_turn(self, turn_id: str) -> StoredTask | None:
+        """The task whose turn answers the user message ``turn_id``."""
+        m = self.model
+        row = await self.db.read(lambda: m.get_or_none(m.turn_id == turn_id))
         return None if row is None else _parse(row)
 
     async def page(
