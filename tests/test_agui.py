@@ -64,6 +64,11 @@ def user(mid: str, text: str) -> dict[str, Any]:
     return {"id": mid, "role": "user", "content": text}
 
 
+def image(data: str, mime: str | None) -> dict[str, Any]:
+    source = {"type": "data", "value": data, **({"mimeType": mime} if mime else {})}
+    return {"id": "u", "role": "user", "content": [{"type": "image", "source": source}]}
+
+
 async def read_events(resp: Any) -> list[dict[str, Any]]:
     """Every event of an AG-UI SSE response, each checked to be one ``data:`` frame."""
     assert resp.status == 200, await resp.text()
@@ -278,6 +283,10 @@ async def test_the_client_leaving_does_not_stop_the_turn(make_client: Any) -> No
         ),
         ({"threadId": "t"}, "invalid_request"),
         (run_input("t", [user("u", "")]), "invalid_request"),
+        (run_input("t" * 256, [user("u", "x")]), "invalid_request"),  # names it for good
+        (run_input("t", [image("not base64!", "image/png")]), "invalid_request"),
+        (run_input("t", [image("aGk=", "text/html")]), "invalid_request"),
+        (run_input("t", [image("aGk=", None)]), "invalid_request"),
     ],
 )
 async def test_bad_input_is_refused_before_anything_runs(

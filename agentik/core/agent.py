@@ -31,12 +31,13 @@ from agentik.core.memory import MemoryBackend
 from agentik.core.plugins import call_each
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
-from agentik.core.types import AgentEvent, ConversationInfo, Event, Message
+from agentik.core.types import AgentEvent, ConversationInfo, Event, InvalidInput, Message
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 
 log = logging.getLogger(__name__)
 
+MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every running turn
 
 
@@ -185,7 +186,11 @@ class ChatAgent:
     ) -> ChatConversation:
         """The conversation another protocol names ``key`` (``namespace``: the protocol, e.g.
         ``"agui"`` for AG-UI thread ids), created on first use with ``title``; the name is kept
-        in the database, so it finds the same conversation after a restart."""
+        in the database, so it finds the same conversation after a restart. A key is 1 to
+        ``MAX_ALIAS`` characters (:class:`InvalidInput` otherwise): it names a conversation for
+        good."""
+        if not key or len(key) > MAX_ALIAS:
+            raise InvalidInput(f"a conversation's name must be 1 to {MAX_ALIAS} characters")
         now = utcnow()
         new = ConversationInfo(new_id("conv"), title, False, now, now)
         info, created = await self.store.aliased_conversation(namespace, key, new)

@@ -100,6 +100,8 @@ def content_from_json(raw: Any) -> list[ContentPart]:
                 except (binascii.Error, ValueError):  # ValueError: not ASCII
                     raise InvalidInput(f"{where}.data must be base64") from None
             assert mime is not None
+            if not mime.startswith("image/"):
+                raise InvalidInput(f"{where}.mimeType must be an image type, got {mime!r}")
             parts.append(ImagePart(mime, data=data, url=url))
         else:
             raise InvalidInput(f"{where}.type must be 'text' or 'image', got {kind!r}")

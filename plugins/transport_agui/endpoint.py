@@ -30,11 +30,11 @@ from agentik.core.app import error_response
 from agentik.core.store import utcnow
 from agentik.core.types import (
     ContentPart,
-    ImagePart,
     InvalidInput,
     Message,
     MessageContext,
     TextPart,
+    content_from_json,
 )
 from agentik_transport_agui.translate import META, RunTranslator, client_id, history_messages
 
@@ -112,11 +112,13 @@ def _parts(message: UserMessage) -> list[ContentPart]:
         if isinstance(part, AguiText):
             parts.append(TextPart(part.text))
         elif isinstance(part, AguiImage) and isinstance(part.source, DataSource | UrlSource):
-            mime = part.source.mime_type or "image/*"
-            if isinstance(part.source, DataSource):
-                parts.append(ImagePart(mime, data=part.source.value))
-            else:
-                parts.append(ImagePart(mime, url=part.source.value))
+            # checked as the agent's own API checks it: an image type, base64 data
+            where = "data" if isinstance(part.source, DataSource) else "url"
+            image = {"type": "image", "mimeType": part.source.mime_type, where: part.source.value}
+            try:
+                parts.extend(content_from_json([image]))
+            except InvalidInput as e:
+                raise InvalidInput(f"message {message.id!r}: {e}") from None
         else:
             kind = getattr(part, "type", type(part).__name__)
             raise InvalidInput(f"message {message.id!r}: {kind} parts are not supported")
