@@ -45,6 +45,8 @@ def plugin_details(settings: Settings) -> dict[str, Any] | None:
     db = settings["AGENTIK_DB_PATH"]
     notes: str | int = "none yet"
     if db != ":memory:" and Path(db).expanduser().is_file():
+        # read only, without starting a store: AGENTIK_DB_PATH names the SQLite store's file
+        # (a store on another database would answer this through the agent)
         try:
             with sqlite3.connect(f"file:{Path(db).expanduser()}?mode=ro", uri=True) as conn:
                 notes = conn.execute(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentik.memory")
 
-CACHE_SIZE = 256
 #: the recency weight: a note's cosine counts in full when it was created or last used just
 #: now, and loses up to RECENCY (10 %) of it as that moment ages, half of that every
 #: HALF_LIFE (30 days): an older note ranks below a fresh one only when they are near equal
@@ -75,9 +73,6 @@ class VectorMeta(peewee.Model):
         table_name = "memory_vector_meta"
 
 
-TABLE = "memory_vector_note"
-
-
 class Row(NamedTuple):
     """A note's row as the search reads it (its vector stays in the database)."""
 
@@ -90,9 +85,6 @@ class Row(NamedTuple):
     last_used: str | None
     uses: int
     archived: str | None
-
-
-ROW = ", ".join(Row._fields)
 
 
 def models() -> tuple[type[VectorNote], type[VectorMeta]]:
@@ -129,34 +121,33 @@ def _time(raw: str | None) -> datetime | None:
 
 
 class Embedder:
-    """One embedding backend, with an LRU cache and batching of the texts asked together."""
+    """One embedding backend, asked once for all the texts asked in the same loop iteration
+    (a review's facts, saves at once). Caching repeated texts is the backend's (``http`` keeps
+    an LRU of 256)."""
 
-    def __init__(self, backend: EmbeddingBackend, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(self, backend: EmbeddingBackend) -> None:
         self.backend = backend
-        self.cache_size = cache_size
-        self._cache: OrderedDict[str, numpy.ndarray] = OrderedDict()
         self._pending: dict[str, asyncio.Future[numpy.ndarray]] = {}
-        self._flush: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
 
     async def one(self, text: str) -> numpy.ndarray:
         """``text``'s unit vector; raises :class:`EmbeddingError`."""
-        cached = self._cache.get(text)
-        if cached is not None:
-            self._cache.move_to_end(text)
-            return cached
         future = self._pending.get(text)
         if future is None:
+            if not self._pending:  # the first text of this iteration: flush after it
+                flush = asyncio.create_task(self._embed_pending())
+                self._flushes.add(flush)
+                flush.add_done_callback(self._flushes.discard)
             future = self._pending[text] = asyncio.get_running_loop().create_future()
             future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
-            if self._flush is None:
-                self._flush = asyncio.create_task(self._embed_pending())
         return await asyncio.shield(future)
 
     async def _embed_pending(self) -> None:
-        await asyncio.sleep(0)  # the texts asked in this loop iteration go together
-        pending, self._pending, self._flush = self._pending, {}, None
-        texts = list(pending)
+        pending: dict[str, asyncio.Future[numpy.ndarray]] = {}
         try:
+            await asyncio.sleep(0)  # the texts asked in this loop iteration go together
+            pending, self._pending = self._pending, {}
+            texts = list(pending)
             vectors = unit(numpy.asarray(await self.backend.embed(texts), dtype=numpy.float32))
             if vectors.shape != (len(texts), self.backend.dimension):
                 raise EmbeddingError(
@@ -164,6 +155,8 @@ class Embedder:
                     f"texts of dimension {self.backend.dimension}"
                 )
         except BaseException as e:
+            if not pending:  # cancelled before it took the texts: whoever asked is told
+                pending, self._pending = self._pending, {}
             error = e if isinstance(e, EmbeddingError) else EmbeddingError(repr(e))
             for future in pending.values():
                 if not future.done():
@@ -172,15 +165,15 @@ class Embedder:
                 raise
             return
         for text, vector in zip(texts, vectors, strict=True):
-            self._cache[text] = vector
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
             if not pending[text].done():
                 pending[text].set_result(vector)
 
     async def close(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
+        """Stop the calls under way (their callers get an error) before the backend closes."""
+        flushes = list(self._flushes)
+        for flush in flushes:
+            flush.cancel()
+        await asyncio.gather(*flushes, return_exceptions=True)
 
 
 class VectorMemory(MemoryBackend):
@@ -290,13 +283,10 @@ class VectorMemory(MemoryBackend):
         return out
 
     def _rows(self, labels: Sequence[int]) -> list[Row]:
-        """The rows of these labels by primary key (plain SQL: peewee takes longer to build the
-        query than SQLite to answer it)."""
-        marks = ", ".join("?" * len(labels))
-        cursor = self._db_().execute(
-            f"SELECT {ROW} FROM {TABLE} WHERE id IN ({marks})", tuple(labels)
-        )
-        return [Row(*r) for r in cursor.fetchall()]
+        """The rows of these labels by primary key, without their vectors."""
+        fields = [getattr(self.Note, name) for name in Row._fields]
+        query = self.Note.select(*fields).where(self.Note.id.in_(list(labels))).tuples()
+        return [Row(*r) for r in query]
 
     def _note(self, row: Any, relevance: float | None = None) -> Note:
         return Note(
