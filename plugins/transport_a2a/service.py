@@ -19,6 +19,7 @@ from a2a.utils import errors
 from a2a.utils.task import apply_history_length
 
 from agentik.core.agent import ConversationClosed
+from agentik.core.store import utcnow
 from agentik.core.types import (
     AppendText,
     ContentPart,
@@ -208,16 +209,17 @@ class A2AService:
         context_id = context_id or str(uuid.uuid4())
         try:
             conv = await self.agent.aliased_conversation(NAMESPACE, context_id)
-            after = conv.last_event_id
+            after, sent = conv.last_event_id, utcnow()
             # a client that resends a message it got no answer for starts no second turn
             record = await conv.send(content, idempotency_key=f"a2a:{message.message_id}")
         except InvalidInput as e:
             raise errors.InvalidParamsError(message=str(e)) from None
         except ConversationClosed as e:
             raise errors.InternalError(message=str(e)) from None
-        known = await self._task_of_turn(conv, record.id)
-        if known is not None:  # the message was sent before: its task, not a new one
-            return known
+        if record.created_at < sent:  # the message was sent before: its task, not a new one
+            known = await self._task_of_turn(conv, record.id)
+            if known is not None:
+                return known
         task = pb.Task(
             id=str(uuid.uuid4()), context_id=context_id, status=_now_status(S.TASK_STATE_SUBMITTED)
         )
