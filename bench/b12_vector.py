@@ -7,11 +7,12 @@ topic), queries drawn the same way from random centres. Notes are written straig
 backend's table (as saved notes would be), then the backend starts with no index (the rebuild
 is timed), is closed (the index saved) and started again (the load is timed).
 
-agentik: ``VectorMemory.search(q, 10)`` — the embedder's cache look-up and batching, the index's
-max(4 x 10, 40) candidates, the live rows read from SQLite, the exact cosine re-rank with the
-recency weight; the embedding backend returns the query's precomputed vector (the call to a
-real model is left out: it is the model's time, not the memory's). Floor: ``knn_query(q, k=10)``
-on the same hnswlib index, in the same process, alternating blocks. Recall@10: the share of the
+agentik: ``VectorMemory.search(q, 10)`` — the embedder's batching (a task, a loop
+iteration), the index's max(4 x 10, 40) candidates, the live rows read from SQLite, the exact
+cosine re-rank with the recency weight; the embedding backend returns the query's precomputed
+vector (the call to a real model is left out: it is the model's time, not the memory's).
+Floor: ``knn_query(q, k=10)`` on the same hnswlib index, in the same process, alternating
+blocks. Recall@10: the share of the
 exact top 10 (numpy, all notes) that the search returns.
 TTFT: in-process turns through the memory plugin and a ScriptedLLM, vector memory with 5,000
 notes and an instant embedding backend vs memory off, alternating.
@@ -131,8 +132,7 @@ async def search_case(tmp: Path, n: int, dim: int, queries: int, reps: int) -> d
     recall: list[float] = []
     floor_recall: list[float] = []
     for rep in range(reps + 1):
-        keep = rep > 0  # the first block warms caches (and fills the embedder's LRU)
-        memory.embedder._cache.clear()  # every search embeds its query, as a new text would
+        keep = rep > 0  # the first block warms caches
         for i in range(queries):
             t0 = pc()
             found = await memory.search(f"q{i}", 10)

@@ -181,6 +181,7 @@ class VectorMemory(MemoryBackend):
         self.store = store
         self.embedding = embedding
         self.embedder = Embedder(embedding)
+        self._row_sql: dict[int, str] = {}  # the search's SQL by number of candidates
         self.index_path = index_path
         self.Note, self.Meta = models()
         self._db: Database | None = None
@@ -283,10 +284,16 @@ class VectorMemory(MemoryBackend):
         return out
 
     def _rows(self, labels: Sequence[int]) -> list[Row]:
-        """The rows of these labels by primary key, without their vectors."""
-        fields = [getattr(self.Note, name) for name in Row._fields]
-        query = self.Note.select(*fields).where(self.Note.id.in_(list(labels))).tuples()
-        return [Row(*r) for r in query]
+        """The rows of these labels by primary key, without their vectors. The SQL is peewee's
+        for the bound database (portable), built once per number of labels: building it costs
+        more than SQLite takes to answer it."""
+        sql = self._row_sql.get(len(labels))
+        if sql is None:
+            fields = [getattr(self.Note, name) for name in Row._fields]
+            query = self.Note.select(*fields).where(self.Note.id.in_(list(labels)))
+            sql = self._row_sql[len(labels)] = query.sql()[0]
+        cursor = self.Note._meta.database.execute_sql(sql, list(labels))
+        return [Row(*r) for r in cursor.fetchall()]
 
     def _note(self, row: Any, relevance: float | None = None) -> Note:
         return Note(
