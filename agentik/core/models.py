@@ -6,6 +6,23 @@ from __future__ import annotations
 import peewee
 
 
+def for_agent(*models: type[peewee.Model]) -> tuple[type[peewee.Model], ...]:
+    """A subclass of each of a plugin's models, on the same table, for one agent: peewee binds a
+    model class to one database, and a process may hold several agents (tests, embedders).
+    Bind what this returns with ``agent.store.add_models``."""
+    return tuple(
+        type(
+            model.__name__,
+            (model,),
+            {
+                "__module__": model.__module__,
+                "Meta": type("Meta", (), {"table_name": model._meta.table_name}),
+            },
+        )
+        for model in models
+    )
+
+
 class BaseModel(peewee.Model):
     class Meta:
         legacy_table_names = False

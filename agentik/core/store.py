@@ -197,8 +197,8 @@ class Store(abc.ABC):
         (if missing); the plugin then queries them inside ``db.read``/``db.write``. Call it
         from a service (``register_services``: the database is open by then). peewee binds a
         model class to one database: a plugin that may serve several agents in one process
-        (tests) binds a subclass per agent. None for a store without a database (the
-        in-memory one): the plugin keeps nothing."""
+        (tests) binds a subclass per agent (:func:`agentik.core.models.for_agent`). None for
+        a store without a database (the in-memory one): the plugin keeps nothing."""
         return None
 
     @abc.abstractmethod

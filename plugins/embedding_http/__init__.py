@@ -11,7 +11,9 @@ from typing import Any
 from agentik.core import settings as cfg
 from agentik.core.settings import Setting, Settings
 from agentik.hookspecs import hookimpl
+from agentik_llm_openai import SETTINGS as OPENAI_SETTINGS
 
+SHARED = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_TIMEOUT", "OPENAI_MAX_RETRIES")
 SETTINGS = (
     Setting(
         "AGENTIK_EMBEDDING_MODEL",
@@ -26,32 +28,8 @@ SETTINGS = (
         "Vector length of the `http` embedding backend; sent as `dimensions` to "
         "text-embedding-3 models, checked against every reply.",
     ),
-    # shared with the openai LLM backend, declared alike (docs/plugin_hooks.md)
-    Setting(
-        "OPENAI_BASE_URL",
-        None,
-        cfg.parse_url,
-        "Required for `openai` and `http` embeddings: the endpoint, e.g. https://api.openai.com/v1",
-    ),
-    Setting(
-        "OPENAI_API_KEY",
-        None,
-        str,
-        "Required for `openai` and `http` embeddings: its API key.",
-        secret=True,
-    ),
-    Setting(
-        "OPENAI_TIMEOUT",
-        60.0,
-        cfg.parse_positive_float,
-        "Seconds to wait for the endpoint (chat and embeddings).",
-    ),
-    Setting(
-        "OPENAI_MAX_RETRIES",
-        2,
-        cfg.parse_non_negative_int,
-        "Retries on 429, 5xx, no reply (chat and embeddings).",
-    ),
+    # shared with the openai LLM backend: its own declarations, so the two never drift apart
+    *(s for s in OPENAI_SETTINGS if s.name in SHARED),
 )
 
 

@@ -19,9 +19,15 @@ SETTINGS = (
         "OPENAI_BASE_URL",
         None,
         cfg.parse_url,
-        "Required for `openai`: the endpoint, e.g. https://api.openai.com/v1",
+        "Required for `openai` and `http` embeddings: the endpoint, e.g. https://api.openai.com/v1",
     ),
-    Setting("OPENAI_API_KEY", None, str, "Required for `openai`: its API key.", secret=True),
+    Setting(
+        "OPENAI_API_KEY",
+        None,
+        str,
+        "Required for `openai` and `http` embeddings: its API key.",
+        secret=True,
+    ),
     Setting("OPENAI_MODEL", None, str, "Required for `openai`: the model, e.g. gpt-4o-mini."),
     Setting(
         "OPENAI_CONTEXT_WINDOW",
@@ -47,8 +53,18 @@ SETTINGS = (
         cfg.parse_bool,
         "false: replies that may call tools are not streamed (servers that cannot stream tools).",
     ),
-    Setting("OPENAI_TIMEOUT", 60.0, cfg.parse_positive_float, "Seconds to wait for the endpoint."),
-    Setting("OPENAI_MAX_RETRIES", 2, cfg.parse_non_negative_int, "Retries on 429, 5xx, no reply."),
+    Setting(
+        "OPENAI_TIMEOUT",
+        60.0,
+        cfg.parse_positive_float,
+        "Seconds to wait for the endpoint (chat and embeddings).",
+    ),
+    Setting(
+        "OPENAI_MAX_RETRIES",
+        2,
+        cfg.parse_non_negative_int,
+        "Retries on 429, 5xx, no reply (chat and embeddings).",
+    ),
 )
 
 

@@ -21,13 +21,14 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy
 import peewee
 
 from agentik.core.embedding import EmbeddingBackend, EmbeddingError
 from agentik.core.memory import MemoryBackend, Note, NoteError, check_category
+from agentik.core.models import for_agent
 from agentik.core.plugins import StartupError
 from agentik_memory_vector.index import AnnIndex
 
@@ -88,17 +89,8 @@ class Row(NamedTuple):
 
 
 def models() -> tuple[type[VectorNote], type[VectorMeta]]:
-    """Subclasses per agent: peewee binds a model class to one database (tests run several)."""
-
-    class Notes(VectorNote):
-        class Meta:
-            table_name = "memory_vector_note"
-
-    class Metadata(VectorMeta):
-        class Meta:
-            table_name = "memory_vector_meta"
-
-    return Notes, Metadata
+    """This agent's subclasses of the two tables (:func:`agentik.core.models.for_agent`)."""
+    return cast(tuple[type[VectorNote], type[VectorMeta]], for_agent(VectorNote, VectorMeta))
 
 
 def unit(vectors: numpy.ndarray) -> numpy.ndarray:

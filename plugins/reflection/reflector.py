@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import peewee
 
+from agentik.core.models import for_agent
 from agentik.core.oneshot import ask_json, render_transcript
 from agentik.core.store import utcnow
 
@@ -48,14 +49,9 @@ class Reflection(peewee.Model):
 
 
 def reflection_model() -> type[Reflection]:
-    """A subclass per agent: peewee binds a model class to one database, and a process may hold
-    several agents (tests)."""
-
-    class AgentReflection(Reflection):
-        class Meta:
-            table_name = "reflection"
-
-    return AgentReflection
+    """This agent's subclass of the table (:func:`agentik.core.models.for_agent`)."""
+    (model,) = for_agent(Reflection)
+    return cast(type[Reflection], model)
 
 
 def validate(value: Any) -> tuple[int, list[str]]:

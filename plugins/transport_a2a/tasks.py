@@ -7,10 +7,11 @@ imported at the first A2A call, or at start-up when a stop left tasks unfinished
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import peewee
 
+from agentik.core.models import for_agent
 from agentik.core.store import Store, utcnow
 
 if TYPE_CHECKING:
@@ -54,17 +55,8 @@ class A2ATaskStatus(peewee.Model):
 
 
 def task_models() -> tuple[type[A2ATask], type[A2ATaskStatus]]:
-    """Subclasses per agent: peewee binds a model class to one database (tests run several)."""
-
-    class AgentA2ATask(A2ATask):
-        class Meta:
-            table_name = "a2a_task"
-
-    class AgentA2ATaskStatus(A2ATaskStatus):
-        class Meta:
-            table_name = "a2a_task_status"
-
-    return AgentA2ATask, AgentA2ATaskStatus
+    """This agent's subclasses of the two tables (:func:`agentik.core.models.for_agent`)."""
+    return cast(tuple[type[A2ATask], type[A2ATaskStatus]], for_agent(A2ATask, A2ATaskStatus))
 
 
 class StoredTask:
