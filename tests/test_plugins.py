@@ -176,7 +176,8 @@ def test_builtin_plugins_import_no_heavy_module():
         " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip;"
         "from agentik.core.plugins import make_plugins; make_plugins();"
         "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'mcp', 'litert_lm',"
-        " 'onnxruntime', 'sentencepiece', 'numpy')"
+        " 'onnxruntime', 'sentencepiece', 'numpy', 'hnswlib', 'a2a', 'ag_ui',"
+        " 'huggingface_hub', 'google.protobuf')"
         " if m in sys.modules];"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )
