@@ -29,6 +29,7 @@ from agentik.core.memory import MemoryBackend, memory_off
 from agentik.core.plugins import PluginError, Plugins, call_impl, call_startup, make_plugins
 from agentik.core.plugins import StartupError as StartupError  # defined beside PluginError
 from agentik.core.registry import BackendError, BackendRegistry
+from agentik.core.responses import error_response
 from agentik.core.settings import Setting, Settings, SettingsError
 from agentik.core.store import SqliteStore
 from agentik.core.tools import Tool, ToolRegistry
@@ -256,6 +257,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
+        resume_turns=settings["AGENTIK_RESUME_TURNS"],
         memory=memory,
         embedding=embeddings[0] if embeddings else None,
     )
@@ -318,15 +320,6 @@ def body_in_time(seconds: float, trouble: TroubleLog) -> Any:
         return await handler(request)  # type: ignore[no-any-return]
 
     return read_body
-
-
-def error_response(
-    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    keep = {k: v for k, v in (headers or {}).items() if k.lower() in ("allow", "retry-after")}
-    return web.json_response(
-        {"error": {"code": code, "message": message}}, status=status, headers=keep
-    )
 
 
 @security.public

@@ -301,7 +301,7 @@ class Chat:
 
 async def chat(url: str, key: str | None, conversation_id: str | None, new: bool) -> int:
     from agentik.client import APIError, ConnectionFailed, Unauthorized
-    from agentik.core.cli import fail
+    from agentik.core.errors import fail
 
     loop = asyncio.get_running_loop()
     try:

@@ -30,24 +30,12 @@ from pluggy import HookCaller, HookImpl, Result
 
 from agentik import hookspecs
 from agentik.core import builtin
+from agentik.core.errors import BackendError, PluginError, StartupError
 from agentik.core.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
 CORE_PLUGIN = "agentik.core"
-
-
-class StartupError(Exception):
-    """Start-up cannot go on; the message says what to set or fix."""
-
-
-class PluginError(StartupError):
-    """Plugin code failed at start-up; the message names the plugin, what it was doing and the
-    error (one line). The original exception is its ``__cause__``."""
-
-    def __init__(self, plugin: str, what: str, error: BaseException) -> None:
-        super().__init__(f"plugin {plugin}: {what} failed: {type(error).__name__}: {error}")
-        self.plugin = plugin
 
 
 def call_impl(caller: HookCaller, impl: HookImpl, kwargs: Mapping[str, Any]) -> Any:
@@ -76,7 +64,6 @@ def call_startup(caller: HookCaller, **kwargs: Any) -> None:
     """Call every implementation in registration order at start-up; the first that raises stops
     start-up with a :class:`PluginError` naming its plugin and the hook. Errors that already
     say what is wrong (an invalid setting, a backend conflict) go through as they are."""
-    from agentik.core.registry import BackendError
     from agentik.core.settings import SettingsError
 
     for impl in caller.get_hookimpls():
@@ -337,3 +324,6 @@ def make_plugins(
     for name, plugin in extra:
         plugins.add(plugin, name)
     return plugins
+
+
+__all__ = ["BackendError", "PluginError", "Plugins", "StartupError", "make_plugins"]

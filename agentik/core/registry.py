@@ -14,9 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
-class BackendError(Exception):
-    """A backend that cannot be chosen: unknown, registered twice, or missing its extra."""
+from agentik.core.errors import BackendError, PluginError, StartupError
 
 
 class Register(Protocol):
@@ -146,7 +144,6 @@ class BackendRegistry:
         one gets it (made only then), e.g. a memory factory's ``embedding``. A factory that
         raises is reported naming its plugin.
         """
-        from agentik.core.plugins import PluginError, StartupError
         from agentik.core.settings import SettingsError
 
         backend = self.get(name, variable=variable or f"{self.kind} backend")
@@ -168,3 +165,6 @@ class BackendRegistry:
             ) from e
         finally:
             self._creating.pop()
+
+
+__all__ = ["Backend", "BackendError", "BackendRegistry", "Register"]

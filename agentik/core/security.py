@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from agentik.core.responses import error_response
 from agentik.core.settings import Settings, parse_list
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -103,8 +104,6 @@ def _origin_of(request: web.Request) -> str:
 
 
 def _refuse(status: int, code: str, message: str) -> web.Response:
-    from agentik.core.app import error_response
-
     return error_response(status, code, message)
 
 

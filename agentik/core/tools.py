@@ -39,6 +39,9 @@ class Tool:
     spec: ToolSpec
     fn: Callable[..., Any]
     plugin: str | None = None
+    #: running it twice with the same arguments does no more than running it once: a call a
+    #: crash cut after it started is run again when the turn resumes (else the model is told)
+    idempotent: bool = False
 
     @property
     def name(self) -> str:
@@ -51,16 +54,17 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parameters: dict[str, Any] | None = None,
+    idempotent: bool = False,
 ) -> Any:
     """Make a :class:`Tool` from a function; the schema defaults to its annotated arguments.
 
-    ``@tool`` or ``@tool(name=..., description=..., parameters=...)``.
+    ``@tool`` or ``@tool(name=..., description=..., parameters=..., idempotent=...)``.
     """
 
     def build(f: Callable[..., Any]) -> Tool:
         schema = parameters if parameters is not None else _schema_from_signature(f)
         doc = description if description is not None else inspect.getdoc(f) or ""
-        return Tool(ToolSpec(name or f.__name__, doc, schema), f)
+        return Tool(ToolSpec(name or f.__name__, doc, schema), f, idempotent=idempotent)
 
     return build(fn) if fn is not None else build
 
@@ -121,6 +125,10 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def idempotent(self, name: str) -> bool:
+        t = self._tools.get(name)
+        return t is not None and t.idempotent
 
     async def invoke(self, name: str, args_json: str) -> tuple[str, bool]:
         """Run a tool; return ``(text, is_error)``. Unknown tools and bad JSON are errors."""

@@ -382,6 +382,7 @@ AGENT_EVENT_KINDS = frozenset(
         "ConversationUpdated",
         "ConversationDeleted",
         "TurnStarted",
+        "TurnWaiting",
         "TurnEnded",
     }
 )

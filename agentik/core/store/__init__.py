@@ -1,7 +1,8 @@
 """Where conversations live: the contract (:mod:`.base`), SQLite (:mod:`.sqlite`, the default)
 and memory (:mod:`.memory`, temporary conversations)."""
 
-from agentik.core.store.base import MemoryRow, Store, TokenStats, utcnow
+from agentik.core.records import utcnow
+from agentik.core.store.base import MemoryRow, Store, TokenStats
 from agentik.core.store.memory import MemoryStore
 from agentik.core.store.sqlite import SqliteStore
 

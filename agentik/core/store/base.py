@@ -10,18 +10,15 @@ import abc
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import peewee
 
 from agentik.core.db import Database
 from agentik.core.llm import HistoryItem
+from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
 from agentik.core.types import ConversationInfo, Message
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def ts(dt: datetime) -> str:
@@ -128,6 +125,7 @@ class Store(abc.ABC):
         turn_id: str | None = None,
         touch: datetime | None = None,
         durable: bool = False,
+        turn: TurnUpdate | None = None,
     ) -> None:
         """Append audit records and working-memory entries in one transaction.
 
@@ -135,6 +133,9 @@ class Store(abc.ABC):
         turn's records can be found and its working memory rolled back. ``durable``: the
         write must survive a power loss once this returns (user messages, which a client is
         told are stored, go through :meth:`add_user_message`, which is always durable).
+        ``turn``: the turn's record moves in the same transaction (a step is its rows and its
+        state together); a move its stored state does not allow raises
+        :class:`~agentik.core.turns.TurnStateError` and writes nothing.
 
         Turns call this and may be interrupted (cancelled) while they await it: a write that
         started must complete anyway. SQLite's writes never suspend; an implementation that
@@ -143,10 +144,24 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def add_user_message(
         self, msg: Message, *, idempotency_key: str | None = None
-    ) -> Message:
-        """Durably append a user message (the start of its own turn) and touch its
-        conversation. With an ``idempotency_key`` this conversation already used, store nothing
-        and return the message stored with that key (a client's retry)."""
+    ) -> TurnRecord:
+        """Durably append a user message with its ``queued`` turn and touch its conversation.
+        With an ``idempotency_key`` this conversation already used, store nothing and return
+        the turn stored with that key, as it stands (a client's retry)."""
+
+    @abc.abstractmethod
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """A turn as it stands, or None."""
+
+    @abc.abstractmethod
+    async def open_turns(self, conversation_id: str | None = None) -> list[TurnRecord]:
+        """The turns not over (queued, running, waiting), oldest first; of one conversation
+        or of all (at start-up: what a stop or a crash left)."""
+
+    @abc.abstractmethod
+    async def update_turn(self, conversation_id: str, turn_id: str, update: TurnUpdate) -> None:
+        """Move a turn's record alone (an answer to a waiting turn, a restart's verdict); a
+        move its stored state does not allow raises :class:`~agentik.core.turns.TurnStateError`."""
 
     @abc.abstractmethod
     async def list_messages(
@@ -170,9 +185,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def clear_memory(self, conversation_id: str) -> None: ...
     @abc.abstractmethod
-    async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
-        """In one transaction: append the turn's Error record and drop the working-memory
-        entries the turn wrote (F2: a failed turn leaves nothing in working memory)."""
+    async def fail_turn(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        error: Message,
+        state: TurnState = TurnState.FAILED,
+    ) -> None:
+        """In one transaction: append the turn's Error record, drop the working-memory entries
+        the turn wrote (F2: a failed turn leaves nothing in working memory) and end the turn
+        (``failed``, or ``cancelled`` for one taken out of the queue)."""
 
     @abc.abstractmethod
     async def compact_memory(
@@ -200,16 +222,11 @@ class Store(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def dangling_turns(self) -> list[Message]:
-        """The user messages of turns with no Assistant or Error record, oldest first: the one
-        a crash cut off and those queued behind it."""
-
-    @abc.abstractmethod
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
 
     @abc.abstractmethod
     async def read_state(self, key: str) -> str | None:
-        """A small fact about the agent (``clean_stop``), or None."""
+        """A small fact about the agent, or None."""
 
     @abc.abstractmethod
     async def write_state(self, key: str, value: str | None) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from agentik.core.llm import HistoryItem
+from agentik.core.records import utcnow
 from agentik.core.store.base import MemoryRow, Store, TokenStats, turn_context
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate, check_move
 from agentik.core.types import ConversationInfo, Message, UnknownReference
 
 
@@ -17,7 +20,8 @@ class MemoryStore(Store):
         self._convs: dict[str, ConversationInfo] = {}
         self._messages: dict[str, list[Message]] = {}
         self._memory: dict[str, list[MemoryRow]] = {}
-        self._keys: dict[tuple[str, str], Message] = {}
+        self._keys: dict[tuple[str, str], str] = {}  # (conversation, key) -> turn id
+        self._turns: dict[str, TurnRecord] = {}  # in the order they were queued
         self._state: dict[str, str] = {}
         self._aliases: dict[tuple[str, str], str] = {}
         self._ends: dict[str, Message] = {}  # turn id -> the record that ended it
@@ -61,7 +65,8 @@ class MemoryStore(Store):
         )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        self._keys = {k: m for k, m in self._keys.items() if k[0] != conversation_id}
+        self._keys = {k: t for k, t in self._keys.items() if k[0] != conversation_id}
+        self._turns = {t: r for t, r in self._turns.items() if r.conversation_id != conversation_id}
         self._aliases = {k: c for k, c in self._aliases.items() if c != conversation_id}
         self._messages.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
@@ -76,7 +81,11 @@ class MemoryStore(Store):
         turn_id: str | None = None,
         touch: datetime | None = None,
         durable: bool = False,
+        turn: TurnUpdate | None = None,
     ) -> None:
+        if turn is not None:
+            assert turn_id is not None
+            self._move(turn_id, turn)
         self._messages[conversation_id].extend(messages)
         if turn_id is not None:
             for m in messages:
@@ -90,14 +99,37 @@ class MemoryStore(Store):
 
     async def add_user_message(
         self, msg: Message, *, idempotency_key: str | None = None
-    ) -> Message:
+    ) -> TurnRecord:
         cid = msg.conversation_id
         if idempotency_key is not None:
-            stored = self._keys.setdefault((cid, idempotency_key), msg)
-            if stored is not msg:
-                return stored
+            known = self._keys.setdefault((cid, idempotency_key), msg.id)
+            if known != msg.id:
+                return self._turns[known]
         await self.append(cid, [msg], turn_id=msg.id, touch=msg.created_at)
-        return msg
+        record = self._turns[msg.id] = TurnRecord(msg, TurnState.QUEUED, updated_at=msg.created_at)
+        return record
+
+    def _move(self, turn_id: str, update: TurnUpdate) -> None:
+        old = self._turns.get(turn_id)
+        if old is None:
+            raise TurnStateError(f"turn {turn_id} cannot go from nowhere to {update.state}")
+        check_move(old.state, update.state)
+        self._turns[turn_id] = replace(
+            old, state=update.state, step=update.step, waits=update.waits, updated_at=utcnow()
+        )
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        return self._turns.get(turn_id)
+
+    async def open_turns(self, conversation_id: str | None = None) -> list[TurnRecord]:
+        return [
+            r
+            for r in self._turns.values()
+            if not r.state.final and conversation_id in (None, r.conversation_id)
+        ]
+
+    async def update_turn(self, conversation_id: str, turn_id: str, update: TurnUpdate) -> None:
+        self._move(turn_id, update)
 
     async def list_messages(
         self, conversation_id: str, after: str | None, offset: int, limit: int
@@ -125,7 +157,14 @@ class MemoryStore(Store):
     async def clear_memory(self, conversation_id: str) -> None:
         self._memory[conversation_id] = []
 
-    async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
+    async def fail_turn(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        error: Message,
+        state: TurnState = TurnState.FAILED,
+    ) -> None:
+        self._move(turn_id, TurnUpdate(state, 0))
         self._messages[conversation_id].append(error)
         self._ends.setdefault(turn_id, error)
         self._memory[conversation_id] = [
@@ -146,9 +185,6 @@ class MemoryStore(Store):
 
     async def count_turns(self, conversation_id: str) -> int:
         return sum(m.kind == "user" for m in self._messages.get(conversation_id, []))
-
-    async def dangling_turns(self) -> list[Message]:
-        return []
 
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
         turns = tin = tout = uncounted = 0

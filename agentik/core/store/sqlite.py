@@ -12,6 +12,7 @@ import peewee
 from agentik.core import models
 from agentik.core.db import Database
 from agentik.core.llm import HistoryItem
+from agentik.core.records import utcnow
 from agentik.core.store.base import (
     MemoryRow,
     Store,
@@ -21,7 +22,16 @@ from agentik.core.store.base import (
     item_json,
     ts,
     turn_context,
-    utcnow,
+)
+from agentik.core.turns import (
+    OPEN,
+    TurnRecord,
+    TurnState,
+    TurnStateError,
+    TurnUpdate,
+    Wait,
+    sources,
+    waits_from,
 )
 from agentik.core.types import ConversationInfo, Message, MessageKind, UnknownReference
 
@@ -34,6 +44,47 @@ _INSERT_MEMORY = (
     "created_at) VALUES (?, ?, ?, ?, ?, ?)"
 )
 
+_TURN_COLUMNS = (
+    "t.state, t.step, t.waits_json, t.updated_at, "
+    "m.id, m.conversation_id, m.created_at, m.payload_json"
+)
+_SELECT_TURN = f"SELECT {_TURN_COLUMNS} FROM turn t JOIN message m ON m.id = t.id "
+_OPEN = tuple(str(s) for s in OPEN)
+_OPEN_SQL = ", ".join("?" * len(_OPEN))
+# the turn table came after the message table: a database from before it gets a turn per user
+# message, its state read off its records (an end record, or steps in working memory)
+_KEYS_JOIN = "LEFT JOIN idempotency_key k ON k.message_id = u.id"
+_BACKFILL_TURNS = f"""
+INSERT INTO turn (id, conversation_id, state, step, idempotency_key, created_at, updated_at)
+SELECT u.id, u.conversation_id,
+  CASE
+    WHEN e.kind = 'assistant' AND json_extract(e.payload_json, '$.interrupted') THEN 'cancelled'
+    WHEN e.kind = 'assistant' THEN 'done'
+    WHEN e.kind = 'error' AND json_extract(e.payload_json, '$.code') = 'cancelled'
+      THEN 'cancelled'
+    WHEN e.kind = 'error' THEN 'failed'
+    WHEN EXISTS (SELECT 1 FROM working_memory w WHERE w.turn_id = u.id) THEN 'running'
+    ELSE 'queued'
+  END,
+  0, k.key, u.created_at, coalesce(e.created_at, u.created_at)
+FROM message u
+LEFT JOIN message e ON e.seq = (SELECT min(t.seq) FROM message t
+  WHERE t.turn_id = u.id AND t.kind IN ('assistant', 'error'))
+{_KEYS_JOIN}
+WHERE u.kind = 'user'
+ORDER BY u.seq
+"""
+
+
+def _waits(waits: tuple[Wait, ...]) -> str | None:
+    return json.dumps([w.to_json() for w in waits], ensure_ascii=False) if waits else None
+
+
+def _turn(row: Sequence[Any]) -> TurnRecord:
+    user = Message(row[4], row[5], "user", dt(row[6]), json.loads(row[7]))
+    waits = waits_from(json.loads(row[2])) if row[2] else ()
+    return TurnRecord(user, TurnState(row[0]), row[1], waits, dt(row[3]))
+
 
 class SqliteStore(Store):
     def __init__(self, db: Database) -> None:
@@ -42,6 +93,24 @@ class SqliteStore(Store):
     async def open(self) -> None:
         await self.db.open(models.MODELS)
         await self.db.write(lambda: self.db.execute(models.APPEND_ONLY_TRIGGER))
+        await self.db.write(self._migrate)
+
+    def _migrate(self) -> None:
+        """Bring a database of an earlier agentik up to date (in one transaction)."""
+        tables = {
+            r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        keys = "idempotency_key" in tables  # the keys moved onto the turns
+        if (
+            self.db.execute("SELECT 1 FROM turn LIMIT 1").fetchone() is None
+            and self.db.execute("SELECT 1 FROM message WHERE kind = 'user' LIMIT 1").fetchone()
+        ):
+            backfill = _BACKFILL_TURNS
+            if not keys:
+                backfill = backfill.replace("k.key", "NULL").replace(_KEYS_JOIN, "")
+            self.db.execute(backfill)
+        if keys:
+            self.db.execute("DROP TABLE idempotency_key")
 
     async def close(self) -> None:
         await self.db.close()
@@ -145,8 +214,12 @@ class SqliteStore(Store):
         turn_id: str | None = None,
         touch: datetime | None = None,
         durable: bool = False,
+        turn: TurnUpdate | None = None,
     ) -> None:
         def q() -> None:
+            if turn is not None:  # first: a refused move writes nothing
+                assert turn_id is not None
+                self._move(turn_id, turn)
             for m in messages:
                 self.db.execute(
                     _INSERT_MESSAGE,
@@ -188,26 +261,18 @@ class SqliteStore(Store):
 
     async def add_user_message(
         self, msg: Message, *, idempotency_key: str | None = None
-    ) -> Message:
+    ) -> TurnRecord:
         cid = msg.conversation_id
 
-        def q() -> Message:
+        def q() -> TurnRecord:
             if idempotency_key is not None:
                 row = self.db.execute(
-                    "SELECT m.id, m.kind, m.created_at, m.payload_json FROM idempotency_key k "
-                    "JOIN message m ON m.id = k.message_id "
-                    "WHERE k.conversation_id = ? AND k.key = ?",
+                    _SELECT_TURN + "WHERE t.conversation_id = ? AND t.idempotency_key = ?",
                     (cid, idempotency_key),
                 ).fetchone()
                 if row is not None:
-                    return Message(
-                        row[0], cid, cast(MessageKind, row[1]), dt(row[2]), json.loads(row[3])
-                    )
-                self.db.execute(
-                    "INSERT INTO idempotency_key (conversation_id, key, message_id) "
-                    "VALUES (?, ?, ?)",
-                    (cid, idempotency_key, msg.id),
-                )
+                    return _turn(row)
+            created = ts(msg.created_at)
             self.db.execute(
                 _INSERT_MESSAGE,
                 (
@@ -215,17 +280,63 @@ class SqliteStore(Store):
                     cid,
                     msg.kind,
                     msg.id,
-                    ts(msg.created_at),
+                    created,
                     json.dumps(msg.payload, ensure_ascii=False),
                 ),
             )
             self.db.execute(
-                "UPDATE conversation SET updated_at = ? WHERE id = ?", (ts(msg.created_at), cid)
+                "INSERT INTO turn (id, conversation_id, state, step, idempotency_key, created_at, "
+                "updated_at) VALUES (?, ?, ?, 0, ?, ?, ?)",
+                (msg.id, cid, TurnState.QUEUED, idempotency_key, created, created),
             )
-            return msg
+            self.db.execute("UPDATE conversation SET updated_at = ? WHERE id = ?", (created, cid))
+            return TurnRecord(msg, TurnState.QUEUED, updated_at=msg.created_at)
 
         # durable also for a replay: the first send may still be waiting for its fsync
         return await self.db.write(q, durable=True)
+
+    def _move(self, turn_id: str, update: TurnUpdate) -> None:
+        """Move a turn's record, inside a write; refused (TurnStateError) unless its stored
+        state allows the move."""
+        allowed = sources(update.state)
+        cursor = self.db.execute(
+            "UPDATE turn SET state = ?, step = ?, waits_json = ?, updated_at = ? "
+            f"WHERE id = ? AND state IN ({', '.join('?' * len(allowed))})",
+            (
+                update.state,
+                update.step,
+                _waits(update.waits),
+                ts(utcnow()),
+                turn_id,
+                *allowed,
+            ),
+        )
+        if cursor.rowcount != 1:
+            row = self.db.execute("SELECT state FROM turn WHERE id = ?", (turn_id,)).fetchone()
+            raise TurnStateError(
+                f"turn {turn_id} cannot go from {row[0] if row else 'nowhere'} to {update.state}"
+            )
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        def q() -> TurnRecord | None:
+            row = self.db.execute(_SELECT_TURN + "WHERE t.id = ?", (turn_id,)).fetchone()
+            return _turn(row) if row else None
+
+        return await self.db.read(q)
+
+    async def open_turns(self, conversation_id: str | None = None) -> list[TurnRecord]:
+        def q() -> list[TurnRecord]:
+            sql = _SELECT_TURN + f"WHERE t.state IN ({_OPEN_SQL}) "
+            params: tuple[Any, ...] = _OPEN
+            if conversation_id is not None:
+                sql += "AND t.conversation_id = ? "
+                params = (*params, conversation_id)
+            return [_turn(r) for r in self.db.execute(sql + "ORDER BY t.seq", params)]
+
+        return await self.db.read(q)
+
+    async def update_turn(self, conversation_id: str, turn_id: str, update: TurnUpdate) -> None:
+        await self.db.write(lambda: self._move(turn_id, update))
 
     async def list_messages(
         self, conversation_id: str, after: str | None, offset: int, limit: int
@@ -300,8 +411,15 @@ class SqliteStore(Store):
             )
         )
 
-    async def fail_turn(self, conversation_id: str, turn_id: str, error: Message) -> None:
+    async def fail_turn(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        error: Message,
+        state: TurnState = TurnState.FAILED,
+    ) -> None:
         def q() -> None:
+            self._move(turn_id, TurnUpdate(state, 0))
             self.db.execute(
                 _INSERT_MESSAGE,
                 (
@@ -374,17 +492,6 @@ class SqliteStore(Store):
         self.db.db.bind(models)
         self.db.db.create_tables(models, safe=True)  # as Database.open does for the core's
         return self.db
-
-    async def dangling_turns(self) -> list[Message]:
-        def q() -> list[Message]:
-            rows = self.db.execute(
-                "SELECT u.id, u.conversation_id, u.created_at, u.payload_json FROM message u "
-                "WHERE u.kind = 'user' AND NOT EXISTS (SELECT 1 FROM message t "
-                "WHERE t.turn_id = u.id AND t.kind IN ('assistant', 'error')) ORDER BY u.seq"
-            ).fetchall()
-            return [Message(r[0], r[1], "user", dt(r[2]), json.loads(r[3])) for r in rows]
-
-        return await self.db.read(q)
 
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats:
         def q() -> TokenStats:
