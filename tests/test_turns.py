@@ -13,8 +13,8 @@ from agentik import hookimpl
 from agentik.core.inbox import NotWaiting
 from agentik.core.llm import LLMError, ToolCallRequest
 from agentik.core.plugins import Plugins
-from agentik.core.tool_steps import CUT_CALL
 from agentik.core.testing import ScriptedLLM
+from agentik.core.tool_steps import CUT_CALL
 from agentik.core.tools import tool
 from agentik.core.turns import TurnState, TurnStateError, Wait, check_move
 from agentik.core.types import TextPart, UnknownReference
@@ -337,9 +337,11 @@ async def test_with_resume_off_a_turn_cut_after_a_step_ends_with_a_restart_error
     assert (await history(conv2))[-1] == ("error", "restart")
 
 
-async def test_a_plain_turn_cut_before_its_first_step_runs_again(make_agent, tmp_path):
+@pytest.mark.parametrize("resume", [True, False])
+async def test_a_plain_turn_cut_before_its_first_step_runs_again(make_agent, tmp_path, resume):
     """Nothing of it was recorded (it did nothing yet): the next start runs it, then the
-    sends queued behind it, in order."""
+    sends queued behind it, in order; with resume_turns off it ends with a restart error, as
+    a turn the process cut off always did."""
     db = str(tmp_path / "crash.db")
     agent = await make_agent(ScriptedLLM(["slow "] * 1000, delay=0.01), db=db)
     conv = await agent.create_conversation()
@@ -347,12 +349,13 @@ async def test_a_plain_turn_cut_before_its_first_step_runs_again(make_agent, tmp
         await conv.send(text(body))
     await asyncio.sleep(0.05)
     crash(agent)
-    agent2 = await make_agent(ScriptedLLM(), db=db, resume_turns=False)
-    assert await agent2.resume() == 3
+    agent2 = await make_agent(ScriptedLLM(), db=db, resume_turns=resume)
+    assert await agent2.resume() == (3 if resume else 2)
     conv2 = await agent2.get_conversation(conv.id)
     await conv2.wait_idle()
+    first = ("assistant", "echo: one") if resume else ("error", "restart")
     assert (await history(conv2))[3:] == [
-        ("assistant", "echo: one"),
+        first,
         ("assistant", "echo: two"),
         ("assistant", "echo: three"),
     ]
@@ -399,3 +402,17 @@ async def test_a_failing_step_after_a_wait_fails_the_turn_and_cleans_working_mem
     assert (await conv.turn(user.id)).state is TurnState.FAILED
     assert (await history(conv))[-1] == ("error", "http_503")
     assert [r.turn_id for r in await conv.store.list_memory(conv.id)] == []
+
+
+def test_a_plugin_tool_keeps_its_idempotent_flag_in_the_agent():
+    from agentik.core.app import AGENT
+    from agentik.core.testing import make_app
+
+    class P:
+        @hookimpl
+        def register_tools(self, register):
+            for t in counting_tools([]):
+                register(t)
+
+    agent = make_app(llm=ScriptedLLM(), plugins=[("p", P())])[AGENT]
+    assert agent.tools.idempotent("look") and not agent.tools.idempotent("launch")

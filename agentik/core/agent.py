@@ -34,6 +34,7 @@ __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
+CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every turn it ran
 
 
 class ChatAgent:
@@ -83,6 +84,8 @@ class ChatAgent:
         self.resume_queued = resume_queued
         self.resume_turns = resume_turns
         self._opened = self._closed = False
+        #: turns whose end could not be recorded: such a stop is not clean (see :meth:`close`)
+        self.unrecorded_ends = 0
         #: conversations with turns the last stop left to run (queued, or cut while running)
         self._to_resume: list[str] = []
 
@@ -93,14 +96,21 @@ class ChatAgent:
         closed.
 
         Queued turns run again (:meth:`resume`), unless ``resume_queued`` is off. A turn a crash
-        cut while it ran resumes from its last recorded step, unless ``resume_turns`` is off;
-        either way a turn that is off ends with a ``restart`` Error record. Waiting turns wait
-        on, in the store: nothing of them is loaded until they are answered."""
+        cut while it ran resumes from its last recorded step, unless ``resume_turns`` is off:
+        then it ends with a ``restart`` Error record — and so does, after a stop that was not
+        clean, the first queued turn of each conversation (the one that was running, before its
+        first step was recorded). Waiting turns wait on, in the store: nothing of them is
+        loaded until they are answered."""
         await self.store.open()
         self._opened = True
-        cut = 0
+        clean = await self.store.read_state(CLEAN_STOP) is not None
+        await self.store.write_state(CLEAN_STOP, None)
+        cut, heads = 0, set()
         for record in await self.store.open_turns():
-            resumed = self.resume_turns if record.state is TurnState.RUNNING else self.resume_queued
+            head = record.conversation_id not in heads
+            heads.add(record.conversation_id)
+            ran = record.state is TurnState.RUNNING or (head and not clean)
+            resumed = self.resume_turns if ran else self.resume_queued
             if record.state is TurnState.WAITING or resumed:
                 if record.state is not TurnState.WAITING:
                     self._to_resume.append(record.conversation_id)
@@ -153,6 +163,9 @@ class ChatAgent:
             await conv.close()
         self._events.close()
         await self.jobs.close()
+        if not self.unrecorded_ends:
+            # every turn that ran has recorded its end: what is open at the next start is queued
+            await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
         await self.store.close()
 
     # --- the protocol -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import functools
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import peewee
@@ -206,7 +207,7 @@ def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
                 raise TypeError(
                     f"register() takes a Tool (see agentik.core.tools.tool), not {type(t).__name__}"
                 )
-            registry.add(Tool(t.spec, t.fn, plugin))
+            registry.add(replace(t, plugin=plugin))
 
         try:
             call_impl(

@@ -114,6 +114,7 @@ class TurnRunner:
         except Exception:
             # even the end could not be recorded (the database is gone): the turn stays open
             # in the store and the next start takes it up again; listeners get Error and End
+            self.conv.agent.unrecorded_ends += 1
             log.exception("recording the end of turn %s of %s failed", turn.id, self.conv.id)
         finally:
             if not turn.ended and turn.state is not TurnState.WAITING:
@@ -152,6 +153,7 @@ class TurnRunner:
                 open_calls.pop(item.call_id or "", None)
         turn.step_start = len(turn.text)
         turn.calls = list(open_calls.values())
+        turn.cut = turn.cut and bool(turn.calls)  # only a call that was open can have started
         turn.usage_known = False  # the steps before the cut were counted by no one
 
     # --- the steps ----------------------------------------------------------------------------

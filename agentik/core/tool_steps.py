@@ -62,7 +62,7 @@ class ToolSteps:
         is idempotent; otherwise the model is told the call was cut."""
         agent = self.conv.agent
         answers = {w.call_id: w for w in turn.waits}
-        cut, turn.cut = turn.cut, False
+        cut, turn.cut = turn.cut, False  # the first open call after a crash
         results: list[LLMInput] = []
         while turn.calls:
             call, _ = turn.calls[0]
