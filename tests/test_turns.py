@@ -416,3 +416,33 @@ def test_a_plugin_tool_keeps_its_idempotent_flag_in_the_agent():
 
     agent = make_app(llm=ScriptedLLM(), plugins=[("p", P())])[AGENT]
     assert agent.tools.idempotent("look") and not agent.tools.idempotent("launch")
+
+
+async def test_an_approved_call_cut_by_a_crash_is_not_run_again(make_agent, tmp_path):
+    """The answer let it run; the process died while it ran: it may have taken effect, so the
+    resumed turn tells the model instead of running it a second time."""
+    db = str(tmp_path / "approved.db")
+    ran: list[str] = []
+    started = asyncio.Event()
+
+    @tool
+    async def launch(target: str) -> str:
+        ran.append(target)
+        started.set()
+        await asyncio.sleep(60)
+        return "launched"
+
+    llm = ScriptedLLM([call("c1", "launch", "moon")])
+    agent = await make_agent(llm, tools=[launch], hooks=hooks(Gate("launch")), db=db)
+    conv = await agent.create_conversation()
+    user = await conv.send(text("go"))
+    await conv.wait_idle()
+    await conv.resume_turn(user.id, "c1", {"approve": True})
+    await asyncio.wait_for(started.wait(), 5)
+    crash(agent)
+    agent2 = await make_agent(ScriptedLLM(["understood"]), tools=[launch], db=db)
+    assert await agent2.resume() == 1
+    conv2 = await agent2.get_conversation(conv.id)
+    await conv2.wait_idle()
+    assert ran == ["moon"]
+    assert (await history(conv2))[-2:] == [("tool_result", CUT_CALL), ("assistant", "understood")]

@@ -67,12 +67,10 @@ class ToolSteps:
         while turn.calls:
             call, _ = turn.calls[0]
             wait = answers.get(call.call_id)
-            if wait is not None:
-                outcome = agent.tool_answer(self.conv, call, wait)
-            elif cut and not agent.tools.idempotent(call.name):
+            outcome = agent.tool_answer(self.conv, call, wait) if wait is not None else call
+            run = isinstance(outcome, ToolCallRequest)
+            if cut and run and not agent.tools.idempotent(call.name):
                 outcome = (CUT_CALL, True)
-            else:
-                outcome = call
             cut = False
             if isinstance(outcome, ToolCallRequest):
                 text, is_error = await agent.tools.invoke(outcome.name, outcome.args_json)
