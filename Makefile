@@ -13,6 +13,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
+	@# a venv (or a checkout) from before the rename holds the distribution `agentik`, whose entry
+	@# points would clash with agentik-runtime's
+	@$(PIP) uninstall -y agentik >/dev/null 2>&1 || true
+	@rm -rf agentik.egg-info
 	$(PIP) install -e .[all]
 	@touch $@
 
