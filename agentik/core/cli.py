@@ -171,23 +171,20 @@ def _bootstrap() -> tuple[Plugins, Settings]:
 
 def serve_command(host: str | None, port: int | None) -> int:
     from agentik.core.app import StartupError, create_app
-    from agentik.core.plugins import PluginError
     from agentik.core.registry import BackendError
     from agentik.core.security import bind_host
     from agentik.core.settings import SettingsError, undeclared_variables
 
     try:
         plugins, settings = _bootstrap()
-    except (SettingsError, PluginError) as e:
+    except (SettingsError, StartupError) as e:
         return fail(str(e), e)
     logging.basicConfig(
         level=settings["AGENTIK_LOG_LEVEL"].upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for info in plugins.infos.values():
-        if info.status == "failed":
-            log.warning("plugin %s failed to load: %s", info.name, info.error)
-    for warning in [*plugins.warnings, *undeclared_variables(settings.declared)]:
+    plugins.report()
+    for warning in undeclared_variables(settings.declared, prefixes=settings.prefixes):
         log.warning("%s", warning)
     try:
         host = bind_host(settings, host)
@@ -289,9 +286,8 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
     if not keys and not is_loopback(host):
         log.warning("listening on %s without an API key (AGENTIK_ALLOW_UNAUTHENTICATED=1)", host)
     lines: list[str] = []
-    for result in plugins.hook.banner_lines(agent=agent, settings=settings):
-        for line in result or ():
-            (endpoints if line.startswith(" ") else lines).append(line)
+    for line in plugin_banner_lines(plugins, agent, settings):
+        (endpoints if line.startswith(" ") else lines).append(line)
     endpoints += unannounced_routes(app, endpoints)
     stats = await agent.store.token_stats()
     convs = await agent.store.count_conversations()
@@ -306,6 +302,28 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
         + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
         f"  tokens: {convs} convs, {stats.turns} turns, {token_counts(stats)}",
     ]
+
+
+def plugin_banner_lines(plugins: Plugins, agent: Any, settings: Settings) -> list[str]:
+    """Every plugin's ``banner_lines``; one that raises or returns anything but a list of
+    strings is logged naming its plugin, its lines are skipped, and start-up goes on."""
+    from agentik.core.plugins import call_each
+
+    out: list[str] = []
+    for plugin, result in call_each(plugins.hook.banner_lines, agent=agent, settings=settings):
+        if result is None:
+            continue
+        if isinstance(result, list | tuple) and all(isinstance(x, str) for x in result):
+            out += result
+            continue
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: no "was never awaited" warning
+        log.error(
+            "banner_lines of plugin %s returned %s, not a list of strings; its lines are skipped",
+            plugin,
+            type(result).__name__,
+        )
+    return out
 
 
 def unannounced_routes(app: web.Application, announced: list[str]) -> list[str]:
@@ -345,26 +363,34 @@ def token_counts(stats: TokenStats) -> str:
 def plugins_command(as_json: bool) -> int:
     """Always runs, whatever is wrong: a conflict or a failing plugin is shown, not raised."""
     from agentik.core.app import declared_settings, llm_choice, registries
-    from agentik.core.plugins import PluginError, make_plugins
-    from agentik.core.settings import Settings, SettingsError, undeclared_variables
+    from agentik.core.plugins import PluginError, StartupError, make_plugins
+    from agentik.core.settings import (
+        Setting,
+        SettingPrefix,
+        Settings,
+        SettingsError,
+        undeclared_variables,
+    )
 
     try:
         plugins = make_plugins()
-    except (PluginError, SettingsError) as e:  # strict mode, or an invalid plugin switch
+    except (StartupError, SettingsError) as e:  # strict mode, or an invalid plugin switch
         return fail(str(e), e)
     problems = list(plugins.warnings)
     regs = registries(plugins, problems)
     try:
-        declared = declared_settings(plugins)
+        items = declared_settings(plugins)
     except PluginError as e:
         problems.append(str(e))
-        declared = []
+        items = []
+    declared = [s for s in items if isinstance(s, Setting)]
+    prefixes = ["AGENTIK_", *(p.prefix for p in items if isinstance(p, SettingPrefix))]
     try:
         settings: dict[str, Any] = dict(Settings(declared))
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
-    problems += undeclared_variables(s.name for s in declared)
+    problems += undeclared_variables((s.name for s in declared), prefixes=prefixes)
     llm, why = llm_choice(Settings(declared)) if not invalid else (None, None)
     selected = {
         "llm": llm,
@@ -488,9 +514,10 @@ def settings_table() -> str:
     """The README's configuration table, generated from what the plugins declare."""
     from agentik.core.app import declared_settings
     from agentik.core.plugins import make_plugins
+    from agentik.core.settings import Setting
 
     rows = ["| Variable | Default | Plugin | Meaning |", "|---|---|---|---|"]
-    declared = declared_settings(make_plugins(env={}))
+    declared = [s for s in declared_settings(make_plugins(env={})) if isinstance(s, Setting)]
     plugins: dict[str, list[str]] = {}  # a variable shared on purpose: one row, every plugin
     for s in declared:
         plugins.setdefault(s.name, []).append(str(s.plugin))
