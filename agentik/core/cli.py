@@ -42,6 +42,11 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
     serve = sub.add_parser("serve", help="start the server (configured by AGENTIK_* variables)")
     serve.add_argument("--host", help="override AGENTIK_HOST")
     serve.add_argument("--port", type=_port, help="override AGENTIK_PORT")
+    serve.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart when a plugin's source changes (AGENTIK_PLUGINS_DIR, installed plugins)",
+    )
     listing = sub.add_parser("plugins", help="list plugins, their settings and what is active")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument(
@@ -49,6 +54,12 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
         action="store_true",
         help="print every declared setting as a Markdown table (for docs)",
     )
+    listing_sub = listing.add_subparsers(dest="plugins_command", metavar="new")
+    new = listing_sub.add_parser(
+        "new", help="write a new plugin distribution (pyproject, module, test, CI) to start from"
+    )
+    new.add_argument("name", help="the plugin's name, e.g. heartbeat (-> agentik-heartbeat)")
+    new.add_argument("--dir", default=".", help="where to write it (default: %(default)s)")
     chat = sub.add_parser("chat", help="chat with a running agentik in this terminal")
     chat.add_argument(
         "--url", default="http://localhost:8080", help="the server (default: %(default)s)"
@@ -77,13 +88,35 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
 
         return chat_command(args.url, args.key, args.conversation, args.new)
     if args.command == "serve":
+        if args.reload:
+            from agentik.core.reload import serve_with_reload
+
+            try:
+                return serve_with_reload(args.host, args.port, os.environ)
+            except Exception as e:  # an invalid AGENTIK_PLUGINS_DIR, …
+                return fail(str(e), e)
         return serve_command(args.host, args.port)
     if args.command == "plugins":
+        if args.plugins_command == "new":
+            return new_plugin_command(args.name, args.dir)
         if args.settings_table:
             print(settings_table())
             return 0
         return plugins_command(args.json)
     parser.print_help()
+    return 0
+
+
+def new_plugin_command(name: str, folder: str) -> int:
+    from pathlib import Path
+
+    from agentik.core.template import new_plugin
+
+    try:
+        made = new_plugin(name, Path(folder))
+    except (ValueError, OSError) as e:
+        return fail(str(e))
+    print(f"wrote {made}/: cd {made} && pip install -e '.[test]' && python -m pytest -q")
     return 0
 
 
