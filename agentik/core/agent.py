@@ -25,10 +25,11 @@ from agentik.core.conversation import (
 )
 from agentik.core.embedding import EmbeddingBackend
 from agentik.core.events import EventLog, StreamItem
+from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
 from agentik.core.memory import MemoryBackend
-from agentik.core.plugins import call_each, log_failure
+from agentik.core.plugins import call_each
 from agentik.core.store import MemoryStore, Store, utcnow
 from agentik.core.tools import ToolRegistry
 from agentik.core.types import AgentEvent, ConversationInfo, Event, InvalidInput, Message

@@ -12,8 +12,9 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import peewee
@@ -24,6 +25,7 @@ from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.embedding import EmbeddingBackend
+from agentik.core.failures import log_failure
 from agentik.core.listener import TroubleLog
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend, memory_off
@@ -32,7 +34,6 @@ from agentik.core.plugins import (
     Plugins,
     call_impl,
     call_startup,
-    log_failure,
     make_plugins,
 )
 from agentik.core.plugins import StartupError as StartupError  # defined beside PluginError
@@ -155,17 +156,13 @@ def select_llm(
     regs = regs if regs is not None else registries(plugins)
     try:
         variable = "AGENTIK_LLM_BACKEND" if why is None else "the default AGENTIK_LLM_BACKEND"
-        llm = regs["llm"].create(name, settings, variable=variable)
+        llm: LLMBackend = regs["llm"].create(name, settings, variable=variable)
     except SettingsError as e:
         raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
     except BackendError as e:
         if why is not None and name == ON_DEVICE_LLM:  # the default is not installed here
             raise StartupError(f"no LLM is configured and {e}. {NO_LLM_HINT}") from e
         raise StartupError(str(e)) from e
-    if not isinstance(llm, LLMBackend):
-        raise StartupError(
-            f"LLM backend {name!r} did not return an LLMBackend (got {type(llm).__name__})"
-        )
     return llm
 
 
@@ -177,11 +174,11 @@ def select_embedding(
     name = settings["AGENTIK_EMBEDDING_BACKEND"]
     regs = regs if regs is not None else registries(plugins)
     try:
-        embedding = regs["embedding"].create(name, settings, variable="AGENTIK_EMBEDDING_BACKEND")
+        embedding: EmbeddingBackend = regs["embedding"].create(
+            name, settings, variable="AGENTIK_EMBEDDING_BACKEND"
+        )
     except (BackendError, SettingsError) as e:
         raise StartupError(str(e)) from e
-    if not isinstance(embedding, EmbeddingBackend):
-        raise StartupError(f"embedding backend {name!r} did not return an EmbeddingBackend")
     if not embedding.name:
         embedding.name = name
     return embedding
@@ -200,7 +197,7 @@ def select_memory(
     name = settings["AGENTIK_MEMORY_BACKEND"]
     regs = regs if regs is not None else registries(plugins)
     try:
-        memory = regs["memory"].create(
+        memory: MemoryBackend = regs["memory"].create(
             name, settings, variable="AGENTIK_MEMORY_BACKEND", provide=provide
         )
     except BackendError as e:
@@ -211,8 +208,6 @@ def select_memory(
         raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
     except SettingsError as e:
         raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
-    if not isinstance(memory, MemoryBackend):
-        raise StartupError(f"memory backend {name!r} did not return a MemoryBackend")
     return memory
 
 
@@ -429,7 +424,8 @@ def create_app(
 
     def transports_for(plugin: str) -> Callable[..., None]:
         def register(name: str, setup: Callable[..., Any]) -> None:
-            setup(app, agent, settings)
+            with routes.checking(f"plugin {plugin}"):
+                setup(app, agent, settings)
             routes.claim(f"plugin {plugin}")
 
         return register
@@ -454,10 +450,29 @@ class RouteOwners:
         for method, path, route in _routes(self.app.router):
             first = self.owners.setdefault((method, path), (id(route), owner))
             if first[0] != id(route):
-                raise StartupError(
-                    f"{owner} adds the route {method} {path}, which {first[1]} has already; "
-                    "one would hide the other (use another path)"
-                )
+                self._clash(owner, method, path)
+
+    @contextlib.contextmanager
+    def checking(self, owner: str) -> Iterator[None]:
+        """aiohttp refuses a duplicate of the route added last itself, naming no path: that
+        error becomes the one line naming both owners (other duplicates: :meth:`claim`)."""
+        try:
+            yield
+        except RuntimeError as e:
+            refused = re.match(r"Added route will never be executed, method (\w+) is", str(e))
+            resources = list(self.app.router.resources())
+            if refused and resources:
+                self._clash(owner, refused.group(1), resources[-1].canonical)
+            raise
+
+    def _clash(self, owner: str, method: str, path: str) -> None:
+        if method == "HEAD" and ("GET", path) in self.owners:  # add_get adds HEAD first
+            method = "GET"
+        first = self.owners[(method, path)][1]
+        raise StartupError(
+            f"{owner} adds the route {method} {path}, which {first} has already; one would "
+            "hide the other (use another path)"
+        )
 
 
 def _routes(router: web.UrlDispatcher) -> list[tuple[str, str, Any]]:

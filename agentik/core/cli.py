@@ -417,7 +417,10 @@ def plugins_command(as_json: bool) -> int:
         problems.append(str(e))
         items = []
     declared = [s for s in items if isinstance(s, Setting)]
-    prefixes = ["AGENTIK_", *(p.prefix for p in items if isinstance(p, SettingPrefix))]
+    prefixes = {
+        "AGENTIK_": None,
+        **{p.prefix: p.plugin for p in items if isinstance(p, SettingPrefix)},
+    }
     try:
         settings: dict[str, Any] = dict(Settings(declared))
         invalid = None

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentik.core.plugins import log_failure
+from agentik.core.failures import log_failure
 
 log = logging.getLogger(__name__)
 

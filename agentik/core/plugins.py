@@ -30,6 +30,7 @@ from pluggy import HookCaller, HookImpl, Result
 
 from agentik import hookspecs
 from agentik.core import builtin
+from agentik.core.failures import log_failure, one_line
 from agentik.core.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -58,13 +59,6 @@ def call_impl(caller: HookCaller, impl: HookImpl, kwargs: Mapping[str, Any]) -> 
     """
     results: Any = caller._hookexec(caller.name, [impl], dict(kwargs), False)
     return results[0] if results else None
-
-
-def log_failure(what: str, error: BaseException, logger: logging.Logger = log) -> None:
-    """One log line, ``<what> failed: <Type>: <message>`` (``what`` names the plugin); the
-    traceback is added at debug level (``AGENTIK_LOG_LEVEL=debug``), for the plugin's author."""
-    debug = logger.isEnabledFor(logging.DEBUG)
-    logger.error("%s failed: %s", what, one_line(error), exc_info=error if debug else None)
 
 
 def call_each(caller: HookCaller, where: str = "", **kwargs: Any) -> list[tuple[str, Any]]:
@@ -388,13 +382,6 @@ def _dist(ep: Any) -> str | None:
 
 def _version(ep: Any) -> str | None:
     return ep.dist.version if ep.dist else None
-
-
-def one_line(e: BaseException, limit: int = 500) -> str:
-    """``Type: message`` on one line (pluggy's validation errors span several), cut at
-    ``limit`` characters."""
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _short(value: Any) -> str:

@@ -16,6 +16,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentik.core.embedding import EmbeddingBackend
+from agentik.core.llm import LLMBackend
+from agentik.core.memory import MemoryBackend
+
+#: what a backend of each kind must be an instance of
+CONTRACTS: dict[str, type] = {
+    "llm": LLMBackend,
+    "memory": MemoryBackend,
+    "embedding": EmbeddingBackend,
+}
+
 
 class BackendError(Exception):
     """A backend that cannot be chosen: unknown, registered twice, or missing its extra."""
@@ -150,8 +161,8 @@ class BackendRegistry:
         missing = backend.missing_modules()
         if missing:
             raise BackendError(
-                f"{variable}={name!r}: the {self.kind} backend needs {', '.join(missing)}; "
-                f"{backend.install_hint()}"
+                f"{variable}={name!r}: the {self.kind} backend of plugin {backend.plugin} needs "
+                f"{', '.join(missing)}; {backend.install_hint()}"
             )
         return backend
 
@@ -186,7 +197,7 @@ class BackendRegistry:
             kwargs = {k: make() for k, make in (provide or {}).items() if k in wanted}
             if "backends" in wanted:
                 kwargs["backends"] = self
-            return backend.factory(settings, **kwargs)
+            made = backend.factory(settings, **kwargs)
         except (BackendError, SettingsError, PluginError, StartupError):
             raise
         except Exception as e:
@@ -195,3 +206,12 @@ class BackendRegistry:
             ) from e
         finally:
             self._creating.pop()
+        contract = CONTRACTS.get(self.kind)
+        if contract is not None and not isinstance(made, contract):
+            wrong = TypeError(
+                f"the factory returned {type(made).__name__}, not {contract.__name__}"
+            )
+            raise PluginError(
+                backend.plugin, f"creating the {self.kind} backend {backend.name!r}", wrong
+            )
+        return made

@@ -188,20 +188,26 @@ def setting_conflicts(declared: Iterable[Setting]) -> list[str]:
 def undeclared_variables(
     declared: Iterable[str],
     env: Mapping[str, str] | None = None,
-    prefixes: Iterable[str] = ("AGENTIK_",),
+    prefixes: Mapping[str, str | None] | Iterable[str] = ("AGENTIK_",),
 ) -> list[str]:
     """A warning for each variable set in the environment under one of ``prefixes``
-    (``AGENTIK_*`` and the prefixes plugins claim with :class:`SettingPrefix`) that no loaded
-    plugin declares (a typo, or the feature's plugin is gone), with the closest declared name."""
+    (``AGENTIK_*`` and the prefixes plugins claim with :class:`SettingPrefix`, mapped to the
+    plugin) that no loaded plugin declares (a typo, or the feature's plugin is gone), with the
+    closest declared name."""
     env = os.environ if env is None else env
     names = set(declared)
-    claimed = tuple(prefixes)
+    owners = dict(prefixes) if isinstance(prefixes, Mapping) else dict.fromkeys(prefixes)
     warnings = []
     for var in sorted(env):
-        if var.startswith(claimed) and var not in names:
-            match = difflib.get_close_matches(var, sorted(names), n=1)
-            hint = f" (did you mean {match[0]}?)" if match else ""
-            warnings.append(f"{var} is set but no loaded plugin declares it{hint}; it is ignored")
+        prefix = next((p for p in owners if var.startswith(p)), None)
+        if prefix is None or var in names:
+            continue
+        match = difflib.get_close_matches(var, sorted(names), n=1)
+        hint = f" (did you mean {match[0]}?)" if match else ""
+        owner = f" ({prefix}* belongs to plugin {owners[prefix]})" if owners[prefix] else ""
+        warnings.append(
+            f"{var} is set but no loaded plugin declares it{hint}{owner}; it is ignored"
+        )
     return warnings
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentik.core.failures import log_failure
 from agentik.core.tool_schema import converter, signature_schema
 
 log = logging.getLogger(__name__)
@@ -142,13 +143,16 @@ class ToolRegistry:
                 async with asyncio.timeout(self.timeout):
                     result = await result
         except TimeoutError:
+            log.warning(
+                "tool %s did not answer within %g s (AGENTIK_TOOL_TIMEOUT)", _of(t), self.timeout
+            )
             return f"Error: {name} did not answer within {self.timeout:g} s", True
         except ToolError as e:
             return f"Error: {e}", True
         except TypeError as e:
             return f"Error: bad arguments for {name}: {e}", True
         except Exception as e:
-            log.warning("tool %s raised", name, exc_info=True)
+            log_failure(f"tool {_of(t)}", e, log)
             return f"Error: {type(e).__name__}: {e}", True
         if isinstance(result, str):
             return result, False
@@ -165,6 +169,10 @@ class ToolRegistry:
         if not errors:
             return None
         return "; ".join(_describe(e) for e in errors[:3])
+
+
+def _of(t: Tool) -> str:
+    return f"{t.name} of plugin {t.plugin}" if t.plugin else t.name
 
 
 def _compile(t: Tool) -> tuple[Any, Callable[[dict[str, Any]], bool] | None]:
