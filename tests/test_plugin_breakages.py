@@ -427,9 +427,12 @@ SOURCES = {
         async def mine(request):
             return web.json_response([])
 
+        def setup(app, agent, settings):
+            app.router.add_get("/agentik/conversations", mine)
+
         @hookimpl
         def register_transports(register):
-            register("list", lambda app, agent, settings: app.router.add_get("/agentik/conversations", mine))
+            register("list", setup)
     """,
     "br_transport_raises": """
         from agentik.api import hookimpl

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, Process, free_port, wait_http
 
-PLUGIN = '''
+PLUGIN = """
 from aiohttp import web
 
 from agentik.api import EchoLLM, hookimpl
@@ -30,7 +30,7 @@ def register_llm_backends(register):
 @hookimpl
 def register_transports(register):
     register("ping", lambda app, agent, settings: app.router.add_get("/ping", ping))
-'''
+"""
 
 
 def get(url: str) -> tuple[int, str]:

@@ -187,7 +187,9 @@ async def test_a_wrong_call_says_what_is_wrong(args, problem):
 
 
 def test_the_three_docstring_styles():
-    google = "Roll dice.\n\nArgs:\n    sides (int): Sides per die.\n    count: How many\n        dice."
+    google = (
+        "Roll dice.\n\nArgs:\n    sides (int): Sides per die.\n    count: How many\n        dice."
+    )
     sphinx = "Roll dice.\n\n:param int sides: Sides per die.\n:param count: How many\n    dice.\n"
     numpy = (
         "Roll dice.\n\nParameters\n----------\nsides : int\n    Sides per die.\ncount : int\n"
