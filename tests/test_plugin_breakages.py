@@ -215,6 +215,34 @@ SOURCES = {
         def register_llm_backends(register):
             register("badcounter", lambda settings: BadCounter())
     """,
+    "br_shrinking_usage": """
+        from agentik.api import (
+            LLMBackend, LLMConversation, TextDelta, ToolCallRequest, ToolResultInput, Usage,
+            hookimpl,
+        )
+
+        class Conversation(LLMConversation):
+            async def stream(self, inputs):
+                if isinstance(inputs[-1], ToolResultInput):
+                    yield TextDelta("done")
+                    yield Usage(input_tokens=2, output_tokens=1)  # only the new input: wrong
+                else:
+                    yield ToolCallRequest("c1", "healthy_tool", "{}")
+                    yield Usage(input_tokens=10, output_tokens=1)
+
+        class Shrinking(LLMBackend):
+            description = "shrinking"
+
+            def create_conversation(self, system_prompt, history, tools):
+                return Conversation()
+
+            async def complete(self, prompt, *, system_prompt=None):
+                return ""
+
+        @hookimpl
+        def register_llm_backends(register):
+            register("shrinking", lambda settings: Shrinking())
+    """,
     # --- tools ------------------------------------------------------------------------------
     "br_tool_not_a_tool": """
         from agentik.api import hookimpl
@@ -566,6 +594,13 @@ RUNS = {
         env={"AGENTIK_LLM_BACKEND": "badcounter"},
         named="badcounter",
     ),
+    "backend token counts that shrink within a turn": Case(
+        "br_shrinking_usage",
+        "LLM backend shrinking reported token counts that break the Usage contract: the "
+        "context shrank within the turn (10 → 3)",
+        env={"AGENTIK_LLM_BACKEND": "shrinking"},
+        named="shrinking",
+    ),
     "a tool that raises": Case(
         "br_tool_raises",
         "tool flaky of plugin br_tool_raises failed: RuntimeError: backend down",
@@ -683,6 +718,8 @@ async def test_a_breakage_is_one_line_and_the_other_plugins_keep_working(
     if case.plugins.startswith("agentik_memory"):  # the built-in memory is the one loaded
         assert plugins.infos["agentik_memory"].dist == "agentik-runtime"
         assert "memory_save" in tools
+    if case.plugins in ("br_bad_usage", "br_shrinking_usage"):  # unknown, never negative
+        assert turn.history[-1].payload["tokens"] == {"input": None, "output": None}
     if case.plugins == "br_dir_twin":
         assert "  twin: from the file" in lines and "  twin: installed" not in lines
 

@@ -103,7 +103,7 @@ def test_the_schema_of_every_kind_of_hint():
         "properties": {"x": {"type": "number"}, "y": {"type": "number", "default": 0.0}},
         "required": ["x"],
         "additionalProperties": False,
-        "description": "A point on the canvas.",
+        "description": "Where to paint.",  # the parameter's words, before its type's
     }
     assert props["mode"] == {
         "type": "string",

@@ -55,7 +55,7 @@ def signature_schema(fn: Callable[..., Any]) -> tuple[str, Schema, dict[str, Con
         where = f"tool {name}, parameter {p.name}"
         hint = hints.get(p.name, Any)
         prop, convert = _describe(hint, where)
-        if p.name in described and "description" not in prop:
+        if p.name in described:  # the parameter's own words before its type's
             prop = {**prop, "description": described[p.name]}
         if p.default is p.empty:
             required.append(p.name)
@@ -258,7 +258,7 @@ def _fields(
     _, described = parse_docstring(inspect.getdoc(owner) or "")
     for name, hint in hints.items():
         schema, convert = _describe(hint, f"{where}.{name}")
-        if name in described and "description" not in schema:
+        if name in described:
             schema = {**schema, "description": described[name]}
         props[name] = schema
         if convert is not None:
