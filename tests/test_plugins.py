@@ -864,3 +864,23 @@ async def test_the_pytest_plugin_fixtures_run_a_plugin_like_an_author_would(
     assert turn.text == "You rolled."
     assert [m.kind for m in turn.history][-1] == "assistant"
     assert agent.state == {}  # the documented per-app place for plugin state starts empty
+
+
+async def test_the_fixtures_select_a_backend_by_name_and_it_can_wrap_the_script(
+    agentik_agent, scripted_llm
+):
+    """Issue #28 (9): agentik_agent ignored AGENTIK_LLM_BACKEND; the test's scripted LLM is now
+    also the backend ``scripted``, so a wrapping backend chosen by name wraps the script."""
+    from agentik.core.testing import run_turn
+
+    scripted_llm.steps = [["wrapped answer"]]
+    agent = await agentik_agent(
+        plugins=[("guard", Guarded())],
+        env={"AGENTIK_LLM_BACKEND": "guard", "GUARD_INNER_BACKEND": "scripted"},
+    )
+    assert agent.llm is scripted_llm and agent.llm.description == "guarded scripted"
+    assert (await run_turn(agent, "hi")).text == "wrapped answer"
+    with pytest.raises(
+        StartupError, match=r"AGENTIK_LLM_BACKEND='nope'.*available: guard, scripted"
+    ):
+        await agentik_agent(plugins=[("guard", Guarded())], env={"AGENTIK_LLM_BACKEND": "nope"})
