@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
     from agentik.core.models import for_agent
     from agentik.core.oneshot import BadAnswer, ask_json, parse_json_answer, render_transcript
     from agentik.core.plugins import StartupError
+    from agentik.core.protocol import Agent, Conversation
     from agentik.core.registry import Register
     from agentik.core.security import own_content_type, public
     from agentik.core.settings import (
@@ -92,6 +93,7 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
     from agentik.core.types import (
         AppendText,
         ContentPart,
+        End,
         Event,
         ImagePart,
         Message,
@@ -140,6 +142,8 @@ _WHERE = {
         "agentik.core.oneshot",
     ),
     "StartupError": "agentik.core.plugins",
+    "Agent": "agentik.core.protocol",
+    "Conversation": "agentik.core.protocol",
     "Register": "agentik.core.registry",
     "own_content_type": "agentik.core.security",
     "public": "agentik.core.security",
@@ -181,6 +185,7 @@ _WHERE = {
         [
             "AppendText",
             "ContentPart",
+            "End",
             "Event",
             "ImagePart",
             "Message",
