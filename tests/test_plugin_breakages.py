@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +28,9 @@ from agentik.core.llm import ToolCallRequest
 from agentik.core.plugins import StartupError, make_plugins
 from agentik.core.settings import undeclared_variables
 from agentik.core.testing import run_turn
+from tests.test_plugins import install_plugins
 
 DIST = "agentik-breakages"
-PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
 
 HEALTHY = """
     import asyncio
@@ -503,24 +501,7 @@ ENTRY_POINTS = {**{m: m for m in SOURCES}, "agentik_memory": "br_clash"}
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("breakages_src")
-    for name, code in SOURCES.items():
-        (src / f"{name}.py").write_text(textwrap.dedent(code))
-    entry_points = "\n".join(f"    {name} = {module}" for name, module in ENTRY_POINTS.items())
-    (src / "setup.cfg").write_text(
-        f"[metadata]\nname = {DIST}\nversion = 0.1\n\n[options]\n"
-        f"py_modules = {', '.join(SOURCES)}\n\n[options.entry_points]\nagentik =\n{entry_points}\n"
-    )
-    (src / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
-    )
-    target = tmp_path_factory.mktemp("breakages_site")
-    subprocess.run(
-        [*PIP_INSTALL, "--target", str(target), str(src)],
-        check=True,
-        capture_output=True,
-    )
-    return target
+    return install_plugins(tmp_path_factory, DIST, SOURCES, ENTRY_POINTS)
 
 
 @pytest.fixture

@@ -452,28 +452,33 @@ AUTHOR_DIST = "agentik-author-mistakes"
 PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
 
 
-@pytest.fixture(scope="module")
-def author_site(tmp_path_factory) -> Path:
-    """The throwaway distribution, pip-installed into a folder put on sys.path / PYTHONPATH."""
-    src = tmp_path_factory.mktemp("author_src")
-    for name, code in AUTHOR_PLUGINS.items():
+def install_plugins(
+    tmp_path_factory, dist: str, sources: dict[str, str], entry_points: dict[str, str] | None = None
+) -> Path:
+    """One throwaway distribution ``dist`` of single-module plugins (module -> source; entry
+    point -> module, by default each module under its own name), pip-installed for real into a
+    folder, which is returned (for sys.path / PYTHONPATH)."""
+    src = tmp_path_factory.mktemp(f"{dist}_src")
+    for name, code in sources.items():
         (src / f"{name}.py").write_text(textwrap.dedent(code))
-    entry_points = "\n".join(f"    {name} = {name}" for name in AUTHOR_PLUGINS)
+    points = entry_points or {name: name for name in sources}
+    lines = "\n".join(f"    {name} = {module}" for name, module in points.items())
     (src / "setup.cfg").write_text(
-        f"[metadata]\nname = {AUTHOR_DIST}\nversion = 0.1\n\n[options]\n"
-        f"py_modules = {', '.join(AUTHOR_PLUGINS)}\n\n"
-        f"[options.entry_points]\nagentik =\n{entry_points}\n"
+        f"[metadata]\nname = {dist}\nversion = 0.1\n\n[options]\n"
+        f"py_modules = {', '.join(sources)}\n\n[options.entry_points]\nagentik =\n{lines}\n"
     )
     (src / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
     )
-    site = tmp_path_factory.mktemp("author_site")
-    subprocess.run(
-        [*PIP_INSTALL, "--target", str(site), str(src)],
-        check=True,
-        capture_output=True,
-    )
+    site = tmp_path_factory.mktemp(f"{dist}_site")
+    subprocess.run([*PIP_INSTALL, "--target", str(site), str(src)], check=True, capture_output=True)
     return site
+
+
+@pytest.fixture(scope="module")
+def author_site(tmp_path_factory) -> Path:
+    """The throwaway distribution, pip-installed into a folder put on sys.path / PYTHONPATH."""
+    return install_plugins(tmp_path_factory, AUTHOR_DIST, AUTHOR_PLUGINS)
 
 
 @pytest.fixture
