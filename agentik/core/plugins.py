@@ -285,9 +285,8 @@ class Plugins:
             )
             if strict:
                 raise StartupError(f"plugin {name} of {_dist(ep)}: {problem}")
-            self.infos[f"{name} ({_dist(ep)})"] = PluginInfo(
-                name, "failed", _dist(ep), _version(ep), problem
-            )
+            key = f"{name} ({_dist(ep)})"
+            self.infos[key] = PluginInfo(key, "failed", _dist(ep), _version(ep), problem)
         return chosen
 
     def load_dir(self, folder: Path, *, block: Iterable[str] = (), strict: bool = False) -> None:
