@@ -13,6 +13,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
+	@# a venv (or a checkout) from before the rename holds the distribution `agentik`, whose entry
+	@# points would clash with agentik-runtime's
+	@$(PIP) uninstall -y agentik >/dev/null 2>&1 || true
+	@rm -rf agentik.egg-info
 	$(PIP) install -e .[all]
 	@touch $@
 
@@ -45,7 +49,7 @@ lint: install-test
 	$(BIN)/ruff format --check .
 
 typecheck: install-test
-	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/client.py agentik/protocol_check.py
+	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/api.py agentik/client.py agentik/protocol_check.py
 
 unit: install-test
 	$(BIN)/pytest -q

@@ -25,6 +25,7 @@ from agentik.core.conversation import (
 )
 from agentik.core.embedding import EmbeddingBackend
 from agentik.core.events import EventLog, StreamItem
+from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
 from agentik.core.memory import MemoryBackend
@@ -58,6 +59,7 @@ class ChatAgent:
         resume_queued: bool = True,
         memory: MemoryBackend | None = None,
         embedding: EmbeddingBackend | None = None,
+        before_turn_timeout: float | None = None,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -74,6 +76,8 @@ class ChatAgent:
             (name, _takes_agent(render), render) for _, name, render in self.prompt_sections
         ]
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
+        #: seconds a turn waits for the ``before_turn`` awaitables (AGENTIK_BEFORE_TURN_TIMEOUT)
+        self.before_turn_timeout = before_turn_timeout
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
         #: plugins' per-app state, by plugin name (``agent.state.setdefault("my_plugin", …)``):
@@ -308,7 +312,7 @@ class ChatAgent:
             except Exception:
                 log.exception("system prompt section %s failed; left out", name)
                 continue
-            if text:
+            if isinstance(text, str) and text:
                 parts.append(text.strip())
         return "\n\n".join(parts)
 
@@ -322,15 +326,40 @@ class ChatAgent:
         return [(plugin, r) for plugin, r in results if r is not None]
 
     async def before_turn(self, conv: ChatConversation, text: str) -> str:
+        """The blocks the ``before_turn`` hooks put before the user's text, in hook order. Their
+        awaitables run at once, for at most ``before_turn_timeout`` seconds: context enrichment
+        is best effort, so a failing or late plugin's block is left out, not the turn."""
+        results = self._call_each("before_turn", conv, text=text)
+        tasks = {
+            i: asyncio.ensure_future(r)
+            for i, (_, r) in enumerate(results)
+            if inspect.isawaitable(r)
+        }
+        late: set[asyncio.Future[Any]] = set()
+        try:
+            if tasks:
+                _, late = await asyncio.wait(tasks.values(), timeout=self.before_turn_timeout)
+        finally:
+            for running in tasks.values():
+                running.cancel()  # those still running: late, or the turn was interrupted
         blocks = []
-        # context enrichment is best effort: a failing plugin's block is left out, not the turn
-        for plugin, result in self._call_each("before_turn", conv, text=text):
-            if isinstance(result, Awaitable):
-                try:
-                    result = await result
-                except Exception:
-                    log.exception("before_turn of plugin %s failed in %s", plugin, conv.id)
+        for i, (plugin, result) in enumerate(results):
+            task = tasks.get(i)
+            if task is not None and task in late:
+                log.warning(
+                    "before_turn of plugin %s did not answer within %g s in %s "
+                    "(AGENTIK_BEFORE_TURN_TIMEOUT): the turn goes on without it",
+                    plugin,
+                    self.before_turn_timeout,
+                    conv.id,
+                )
+                continue
+            if task is not None:
+                error = task.exception()
+                if error is not None:
+                    log_failure(f"before_turn of plugin {plugin} in {conv.id}", error)
                     continue
+                result = task.result()
             if result:
                 blocks.append(str(result))
         return "\n\n".join(blocks)
@@ -346,9 +375,7 @@ class ChatAgent:
         outcomes = await asyncio.gather(*(r for _, r in pending), return_exceptions=True)
         for (plugin, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, Exception):
-                log.error(
-                    "before_compaction of plugin %s failed in %s", plugin, conv.id, exc_info=outcome
-                )
+                log_failure(f"before_compaction of plugin {plugin} in {conv.id}", outcome)
 
     def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:
         results = self._call_each(

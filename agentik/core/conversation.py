@@ -33,6 +33,7 @@ from agentik.core.llm import (
     ToolResultInput,
     Usage,
     UserInput,
+    usage_problem,
 )
 from agentik.core.llm import Truncated as TruncatedReply
 from agentik.core.store import Store, TokenStats, utcnow
@@ -103,8 +104,8 @@ class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
     __slots__ = (
-        "called_tools", "ended", "estimated", "llm_text", "memory", "open_calls", "step_start",
-        "steps", "text", "truncated", "user",
+        "called_tools", "compacted", "ended", "estimated", "llm_text", "memory", "open_calls",
+        "step_start", "steps", "text", "truncated", "user",
     )  # fmt: skip
 
     def __init__(self, user: Message) -> None:
@@ -121,6 +122,7 @@ class _Turn:
         self.called_tools = False
         self.truncated = False  # the last step's reply stopped at the output-token cap
         self.estimated = False  # a step's token counts were estimated by the backend
+        self.compacted = False  # working memory was compacted during the turn (context shrank)
 
 
 class ChatConversation:
@@ -550,12 +552,19 @@ class ChatConversation:
             if step_text:
                 await self._write(memory=[HistoryItem("assistant", "".join(step_text))], turn=turn)
             inputs = await self._run_tools(turn, calls)
-        tokens = TokenUsage(
-            first_input if usage_known else None,
-            (last_total - first_input)
+        growth = (
+            last_total - first_input
             if usage_known and last_total is not None and first_input is not None
-            else None,
-            usage_known and turn.estimated,
+            else None
+        )
+        if growth is not None and growth < 0:  # the context shrank: counts of another meaning
+            if not turn.compacted:
+                self._bad_usage(
+                    f"the context shrank within the turn ({first_input} → {last_total})"
+                )
+            growth = None
+        tokens = TokenUsage(
+            first_input if usage_known else None, growth, usage_known and turn.estimated
         )
         await self._finish(turn, step_text, tokens)
 
@@ -567,8 +576,10 @@ class ChatConversation:
         turn.steps += 1
         # after a compaction in a tool loop the rebuilt conversation already holds this step's
         # tool results (they are in working memory): it is sent with no new input
-        if await self._compact_before_send(inputs, forced=False) and not first:
-            inputs = []
+        if await self._compact_before_send(inputs, forced=False):
+            turn.compacted = True
+            if not first:
+                inputs = []
         retried = False
         while True:
             llm = await self._live_llm()
@@ -581,6 +592,9 @@ class ChatConversation:
                     elif isinstance(chunk, ToolCallRequest):
                         chars += len(chunk.name) + len(chunk.args_json)
                     elif isinstance(chunk, Usage):
+                        if (problem := usage_problem(chunk)) is not None:
+                            self._bad_usage(problem)
+                            continue  # left out: the step's counts are unknown
                         usage = chunk
                     yield chunk
             except LLMError as e:
@@ -589,6 +603,7 @@ class ChatConversation:
                 retried = True
                 if not await self._compact_before_send(inputs, forced=True):
                     raise
+                turn.compacted = True
                 inputs = inputs if first else []
                 continue
             break
@@ -596,6 +611,15 @@ class ChatConversation:
             self.context_tokens = usage.input_tokens + (usage.output_tokens or 0)
         elif self.context_tokens is not None:
             self.context_tokens += inputs_tokens(inputs) + chars // 4 + MESSAGE_TOKENS
+
+    def _bad_usage(self, problem: str) -> None:
+        llm = self.agent.llm
+        log.warning(
+            "LLM backend %s reported token counts that break the Usage contract: %s; the turn's "
+            "counts are recorded as unknown (docs/writing_plugins.md, Tokens)",
+            llm.description or type(llm).__name__,
+            problem,
+        )
 
     async def _compact_before_send(self, inputs: Sequence[LLMInput], forced: bool) -> bool:
         """Ask the ``compact_context`` hook whether to compact before this send (or, ``forced``,

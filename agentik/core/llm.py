@@ -80,11 +80,31 @@ class ToolCallRequest:
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token counts of one step, when the backend knows them; ``estimated`` when the backend
-    guessed them (e.g. from the characters sent and received) because the endpoint sent none."""
+    guessed them (e.g. from the characters sent and received) because the endpoint sent none.
+
+    ``input_tokens``: the whole context the model read for this step (system prompt, history,
+    tools and the step's new input: OpenAI's ``prompt_tokens``), so it never shrinks from one
+    step of a turn to the next; ``output_tokens``: what the model generated in this step. Each
+    is a whole number, 0 or more, or None when unknown. The turn's record gets ``input`` = the
+    first step's input and ``output`` = the growth of the context over the turn (the last
+    step's input + output - the first step's input). Counts that break this are refused with
+    a warning naming the backend, and the turn's counts are recorded as unknown."""
 
     input_tokens: int | None
     output_tokens: int | None
     estimated: bool = False
+
+
+def usage_problem(usage: Usage) -> str | None:
+    """What breaks the :class:`Usage` contract in one step's counts (``"input_tokens=-3"``), or
+    None."""
+    for name in ("input_tokens", "output_tokens"):
+        value = getattr(usage, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            return f"{name}={value!r} (a whole number, 0 or more, or None)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

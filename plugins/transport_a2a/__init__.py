@@ -1,7 +1,7 @@
 """The agent as an A2A server (SPEC F13; ``docs/a2a.md``): the JSON-RPC binding of A2A 1.0 and
 0.3 at ``AGENTIK_A2A_PATH`` (``/a2a``), the agent card, durable tasks.
 
-Hooks and settings only. a2a-sdk (``pip install agentik[a2a]``) is imported by the modules
+Hooks and settings only. a2a-sdk (``pip install agentik-runtime[a2a]``) is imported by the modules
 beside this one at the first JSON-RPC call (or at start-up when tasks were left unfinished).
 """
 
@@ -117,7 +117,7 @@ def sdk_missing() -> bool:
 def banner_lines(settings: Settings) -> list[str]:
     card, rpc = _urls(settings)
     if sdk_missing():
-        return [f"a2a: agent card {card}; JSON-RPC off: pip install 'agentik[a2a]'"]
+        return [f"a2a: agent card {card}; JSON-RPC off: pip install 'agentik-runtime[a2a]'"]
     return [f"a2a: agent card {card}", f"a2a: JSON-RPC {rpc} (A2A 1.0 and 0.3)"]
 
 
@@ -126,5 +126,5 @@ def plugin_details(settings: Settings) -> dict[str, Any]:
     card, rpc = _urls(settings)
     details: dict[str, Any] = {"agentCard": card, "jsonrpc": rpc, "versions": ["1.0", "0.3"]}
     if sdk_missing():
-        details["missing"] = "a2a-sdk: pip install 'agentik[a2a]'"
+        details["missing"] = "a2a-sdk: pip install 'agentik-runtime[a2a]'"
     return details

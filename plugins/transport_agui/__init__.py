@@ -19,7 +19,7 @@ from agentik.core.settings import Setting, Settings
 log = logging.getLogger(__name__)
 
 PATH = "AGENTIK_AGUI_PATH"
-MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik[agui]')"
+MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik-runtime[agui]')"
 
 
 def protocol_installed() -> bool:
