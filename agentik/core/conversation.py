@@ -347,6 +347,24 @@ class ChatConversation:
         finally:
             await batches.aclose()
 
+    async def turn_end(self, turn_id: str) -> Message | None:
+        """The record that ended the turn ``turn_id`` (its ``assistant`` or ``error`` record),
+        once it has ended (at once when it has); None when the conversation's event log closed
+        first (shutdown, deletion). For a transport that answers a request with the turn's
+        outcome, from the audit log: what a listener that fell behind missed is in it."""
+        after = self.last_event_id  # before the read: an End published meanwhile is not missed
+        end = await self._store.turn_end(turn_id)
+        if end is None:
+            items = self.turn_events(turn_id, after)
+            try:
+                async for item in items:
+                    if isinstance(item.event, End):
+                        break
+            finally:
+                await items.aclose()
+            end = await self._store.turn_end(turn_id)
+        return end
+
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0
     ) -> AsyncGenerator[list[StreamItem], None]:
