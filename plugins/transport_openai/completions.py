@@ -134,6 +134,7 @@ class OpenAIRoutes:
         if conv is None and threads and req.prior:
             claim = await threads.claim(req.prior_digest)
             conv = await self.agent.get_conversation(claim.conversation_id) if claim else None
+        created = conv is None
         if conv is None:
             claim = None
             conv = await self.agent.create_conversation()
@@ -147,7 +148,9 @@ class OpenAIRoutes:
         try:
             msg = await conv.send(req.content, context)
         except (InvalidInput, ConversationClosed) as e:
-            if claim is not None and threads is not None:
+            if created:  # refused: nothing stays behind
+                await self.agent.delete_conversation(conv.id)
+            elif claim is not None and threads is not None:
                 await threads.release(claim)
             if isinstance(e, ConversationClosed):
                 raise OpenAIError(409, str(e), "conversation_closed") from None
