@@ -42,7 +42,7 @@ CONVERSATION = {
     "type": "object",
     "properties": {
         "id": {"type": "string"},
-        "title": {"type": ["string", "null"]},
+        "title": {"anyOf": [{"type": "string"}, {"type": "null"}]},
         "createdAt": {"type": "string"},
         "updatedAt": {"type": "string"},
         "busy": {"type": "boolean"},
