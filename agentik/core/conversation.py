@@ -332,11 +332,12 @@ class ChatConversation:
         return flatten(self.turn_batches(turn_id, after))
 
     async def turn_batches(
-        self, turn_id: str, after: int | None = None
+        self, turn_id: str, after: int | None = None, linger: float = 0.0
     ) -> AsyncGenerator[list[StreamItem], None]:
         """:meth:`turn_events` in lists: what was published while the reader was busy comes
-        at once (one socket write, and a transport may join text deltas)."""
-        batches = self.event_batches(after)
+        at once (one socket write, and a transport may join text deltas); with ``linger``
+        (seconds) the reader waits that long after news to gather more (fewer, later lists)."""
+        batches = self.event_batches(after, linger)
         try:
             async for batch in batches:
                 mine = [i for i in batch if i.turn_id == turn_id or isinstance(i.event, Gap)]
