@@ -399,14 +399,25 @@ async def test_tool_calls_stream_as_reasoning_only_when_asked(serve: Any) -> Non
     assert len(await shown.conversations()) == 1  # tool calls are not in the client's history
 
 
+async def leave_mid_reply(served: Served, text: str) -> tuple[str, str]:
+    """Start a streamed turn and go away once some of its reply came: (conversation id, the
+    reply so far as the client has it)."""
+    body = {"model": "agentik", "messages": [user(text)], "stream": True}
+    r = await served.client.post("/v1/chat/completions", json=body)
+    partial = ""
+    while not partial:
+        line = (await r.content.readline()).decode()
+        if line.startswith("data: "):
+            partial = json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+    r.close()  # the client goes away mid-reply (a stop button)
+    return r.headers[HEADER], partial
+
+
 async def test_a_client_that_leaves_does_not_stop_the_turn(serve: Any) -> None:
     words = [f"w{i} " for i in range(30)]
-    served = await serve(ScriptedLLM(words, delay=0.02))
-    body = {"model": "agentik", "messages": [user("long")], "stream": True}
-    r = await served.client.post("/v1/chat/completions", json=body)
-    await r.content.readline()  # the first chunk
-    cid = r.headers[HEADER]
-    r.close()  # the client goes away mid-reply
+    served = await serve(ScriptedLLM(words, words, delay=0.02))
+    cid, partial = await leave_mid_reply(served, "long")
+    assert len(partial) < len("".join(words))
     conv = await served.agent.get_conversation(cid)
     await asyncio.wait_for(conv.wait_idle(), 10)
     records = await conv.get_messages()
@@ -417,6 +428,26 @@ async def test_a_client_that_leaves_does_not_stop_the_turn(serve: Any) -> None:
         model="agentik", messages=[user("long"), assistant("".join(words)), user("next")]
     )
     assert follow.headers[HEADER] == cid
+
+
+async def test_a_client_that_stopped_reading_goes_on_with_what_it_has(serve: Any) -> None:
+    """A front end's stop button keeps the start of the reply; its next message continues the
+    conversation (the agent's history has the whole reply: the turn ran on)."""
+    words = [f"w{i} " for i in range(30)]
+    served = await serve(ScriptedLLM(words, delay=0.02))
+    cid, partial = await leave_mid_reply(served, "long")
+    # a last message that is not the start of the reply is another history: a new conversation
+    # (asked at once, while the turn still runs: the request waits for its end to compare)
+    other = await served.sdk.chat.completions.with_raw_response.create(
+        model="agentik", messages=[user("long"), assistant("w0 w2"), user("other")]
+    )
+    assert other.headers[HEADER] != cid
+    follow = await served.sdk.chat.completions.with_raw_response.create(
+        model="agentik", messages=[user("long"), assistant(partial), user("next")]
+    )
+    assert follow.headers[HEADER] == cid
+    assert follow.parse().choices[0].message.content == "echo: next"
+    assert sorted(await served.users()) == [["long", "next"], ["other"]]
 
 
 async def test_what_continues_a_conversation_survives_a_restart(serve: Any, tmp_path: Any) -> None:

@@ -29,7 +29,15 @@ from agentik.core.types import (
     ToolCall,
     ToolResult,
 )
-from agentik_transport_openai.request import ChatRequest, OpenAIError, parse, system_digest
+from agentik_transport_openai.request import (
+    EMPTY,
+    ChatRequest,
+    OpenAIError,
+    chain,
+    normalise,
+    parse,
+    system_digest,
+)
 from agentik_transport_openai.threads import Claim, Sent, ThreadStore
 
 log = logging.getLogger(__name__)
@@ -133,6 +141,8 @@ class OpenAIRoutes:
                 return conv, again, conv.last_event_id, True
         if conv is None and threads and req.prior:
             claim = await threads.claim(req.prior_digest)
+            if claim is None:
+                claim = await self._cut_short(threads, req)
             conv = await self.agent.get_conversation(claim.conversation_id) if claim else None
         created = conv is None
         if conv is None:
@@ -165,6 +175,23 @@ class OpenAIRoutes:
         if threads is not None:
             await threads.record(sent)
         return conv, sent, after, False
+
+    async def _cut_short(self, threads: ThreadStore, req: ChatRequest) -> Claim | None:
+        """The conversation whose last reply the client has only the start of (it stopped
+        reading: a front end's stop button; the turn ran on to its end): its earlier messages
+        are the ones of the last request sent there, and its last one begins that reply."""
+        if len(req.prior) < 2 or req.prior[-1][0] != "assistant" or not req.prior[-1][1]:
+            return None
+        sent = await threads.retry_of(chain(EMPTY, req.prior[:-1]))
+        conv = await self.agent.get_conversation(sent.conversation_id) if sent else None
+        if sent is None or conv is None:
+            return None
+        end = await conv.turn_end(sent.turn_id)  # a reply still running: when it ends
+        if end is None or end.kind != "assistant":
+            return None
+        if not normalise(end.payload.get("text", "")).startswith(req.prior[-1][1]):
+            return None
+        return await threads.take(conv.id)
 
 
 class Turn:
