@@ -254,3 +254,15 @@ def test_the_sdk_is_loaded_at_the_first_request_not_at_start_up() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_the_path_is_a_setting(serve: Any) -> None:
+    from agentik.core.settings import SettingsError
+
+    served = await serve(AGENTIK_MCP_SERVER_PATH="/tools/mcp/")
+    url = str(served.make_url("/tools/mcp"))
+    async with Client(url) as client:
+        assert len((await client.list_tools()).tools) == 5
+    assert (await served.post("/mcp", json={})).status == 404
+    with pytest.raises(SettingsError, match="AGENTIK_MCP_SERVER_PATH='mcp' is invalid"):
+        make_app(builtins=BUILTINS, env={"AGENTIK_MCP_SERVER_PATH": "mcp"})

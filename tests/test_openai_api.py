@@ -479,3 +479,10 @@ async def test_the_key_guards_the_api(serve: Any) -> None:
         await anonymous.models.list()
     with pytest.raises(openai.AuthenticationError):
         await anonymous.chat.completions.create(model="agentik", messages=[user("x")])
+
+
+def test_a_model_id_with_spaces_stops_start_up() -> None:
+    from agentik.core.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="AGENTIK_OPENAI_MODEL_ID='my agent' is invalid"):
+        make_app(builtins=BUILTINS, env={"AGENTIK_OPENAI_MODEL_ID": "my agent"})

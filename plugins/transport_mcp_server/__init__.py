@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentik import __version__, hookimpl
-from agentik.core.settings import Setting, Settings
+from agentik.core.settings import Setting, Settings, parse_url_path
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -34,16 +34,9 @@ def sdk_installed() -> bool:
     return importlib.util.find_spec("mcp") is not None  # looked up, not imported
 
 
-def parse_route(raw: str) -> str:
-    path = raw.strip()
-    if not path.startswith("/") or len(path) < 2 or any(c in path for c in " ?#{}%"):
-        raise ValueError("must be a URL path such as /mcp (no spaces, query or braces)")
-    return path.rstrip("/")
-
-
 @hookimpl
 def register_settings(register: Callable[[Setting], None]) -> None:
-    register(Setting(PATH, "/mcp", parse_route, "URL path of the MCP server (streamable HTTP)."))
+    register(Setting(PATH, "/mcp", parse_url_path, "URL path of the MCP server (streamable HTTP)."))
 
 
 def identity(settings: Settings) -> tuple[str, str, str]:
