@@ -265,6 +265,26 @@ async def test_two_clients_with_the_same_history_get_two_conversations(serve: An
     assert users in ([["right"], ["start", "left"]], [["left"], ["start", "right"]])
 
 
+async def test_a_conversation_another_request_took_is_not_taken_again(serve: Any) -> None:
+    """The race behind the test above, made certain: a request has taken the conversation and
+    not yet recorded its send; another with the same history (the whole reply as its last
+    message, which also begins that reply) must not join it."""
+    from agentik_transport_openai import STATE
+    from agentik_transport_openai.request import EMPTY, chain
+
+    served = await serve()
+    raw = await served.sdk.chat.completions.with_raw_response.create(
+        model="agentik", messages=[user("start")]
+    )
+    history = [user("start"), assistant(raw.parse().choices[0].message.content)]
+    prior = chain(EMPTY, [("user", "start"), ("assistant", history[1]["content"])])
+    assert await served.agent.state[STATE].claim(prior)  # the first request, in flight
+    second = await served.sdk.chat.completions.with_raw_response.create(
+        model="agentik", messages=[*history, user("right")]
+    )
+    assert second.headers[HEADER] != raw.headers[HEADER]
+
+
 @pytest.mark.parametrize(
     ("change", "status", "code", "param"),
     [

@@ -29,6 +29,7 @@ from agentik.core.types import (
     ToolCall,
     ToolResult,
 )
+from agentik_transport_openai import STATE
 from agentik_transport_openai.request import (
     EMPTY,
     ChatRequest,
@@ -42,7 +43,7 @@ from agentik_transport_openai.threads import Claim, Sent, ThreadStore
 
 log = logging.getLogger(__name__)
 
-STATE = "agentik_transport_openai"  # agent.state key of the ThreadStore
+
 HEADER = "X-Agentik-Conversation-Id"
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -191,7 +192,7 @@ class OpenAIRoutes:
             return None
         if not normalise(end.payload.get("text", "")).startswith(req.prior[-1][1]):
             return None
-        return await threads.take(conv.id)
+        return await threads.take_if(conv.id, sent.turn_id)  # unless another request has it
 
 
 class Turn:

@@ -47,6 +47,8 @@ class ThreadSent(peewee.Model):
     prior = peewee.TextField()  # the digest of its earlier messages
     turn_id = peewee.TextField()  # the user message it became
     system = peewee.TextField(null=True)  # the digest of the system text last given
+    #: a request took the conversation and has not recorded its send yet
+    taken = peewee.BooleanField(default=False)
 
     class Meta:
         table_name = "openai_thread_sent"
@@ -103,24 +105,43 @@ class ThreadStore:
         """Take a conversation the client named (its header) the same way."""
         return await self.db.write(lambda: self._take(conversation_id))
 
+    async def take_if(self, conversation_id: str, turn_id: str) -> Claim | None:
+        """Take a conversation whose last send is still ``turn_id`` and that no other request has
+        taken; None otherwise."""
+        s = self.sent
+
+        def take() -> Claim | None:
+            row = s.get_or_none(s.conversation == conversation_id)
+            if row is None or row.turn_id != turn_id or row.taken:
+                return None
+            return self._take(conversation_id)
+
+        return await self.db.write(take)
+
     def _take(self, conversation_id: str) -> Claim:
         n, s = self.next, self.sent
         taken = n.select(n.digest).where(n.conversation == conversation_id)
         digests = [row.digest for row in taken]
         n.delete().where(n.conversation == conversation_id).execute()
         last = self._sent(s.get_or_none(s.conversation == conversation_id))
+        s.update(taken=True).where(s.conversation == conversation_id).execute()
         return Claim(conversation_id, last, digests)
 
     async def release(self, claim: Claim) -> None:
         """Give back a conversation taken by a request that sent nothing (it was refused)."""
-        n = self.next
+        n, s = self.next, self.sent
         now = utcnow().isoformat()
         rows = [
             {"digest": d, "conversation": claim.conversation_id, "created_at": now}
             for d in claim.digests
         ]
-        if rows:
-            await self.db.write(lambda: n.insert_many(rows).execute())
+
+        def write() -> None:
+            if rows:
+                n.insert_many(rows).execute()
+            s.update(taken=False).where(s.conversation == claim.conversation_id).execute()
+
+        await self.db.write(write)
 
     async def retry_of(self, digest: str) -> Sent | None:
         """The last send of a request with this digest (the same request again), or None."""
@@ -128,7 +149,7 @@ class ThreadStore:
             return None
         s = self.sent
         # several only for word-for-word identical conversations: any of them will do
-        row = await self.db.read(lambda: s.select().where(s.digest == digest).first())
+        row = await self.db.read(lambda: s.select().where((s.digest == digest) & ~s.taken).first())
         return self._sent(row)
 
     async def record(self, sent: Sent) -> None:
@@ -141,7 +162,12 @@ class ThreadStore:
             "turn_id": sent.turn_id,
             "system": sent.system,
         }
-        await self.db.write(lambda: s.replace(**row).execute())
+
+        def write() -> None:  # delete + insert: portable, unlike REPLACE
+            s.delete().where(s.conversation == sent.conversation_id).execute()
+            s.insert(**row).execute()
+
+        await self.db.write(write)
 
     async def settle(self, sent: Sent, end: Message) -> None:
         """The turn of ``sent`` ended with the record ``end``: the digests that continue its
@@ -164,10 +190,11 @@ class ThreadStore:
             ]
             if rows:
                 n.insert_many(rows).execute()
+            mine = (s.conversation == sent.conversation_id) & (s.turn_id == sent.turn_id)
+            # a take that a stop cut off before its send is undone with it
+            s.update(taken=False).where(mine).execute()
             if end.kind != "assistant":
-                s.update(digest="").where(
-                    (s.conversation == sent.conversation_id) & (s.turn_id == sent.turn_id)
-                ).execute()
+                s.update(digest="").where(mine).execute()
 
         await self.db.write(write)
 
