@@ -38,8 +38,14 @@ install: $(VENV)/.installed        ## create .venv with agentik and every backen
 tests/a2a/node_modules/.package-lock.json: tests/a2a/package.json tests/a2a/package-lock.json
 	npm ci --prefix tests/a2a --no-audit --no-fund
 
+# the MCP Inspector CLI the tests of the MCP server (/mcp) run against it
+tests/mcp_inspector/node_modules/.package-lock.json: tests/mcp_inspector/package.json \
+	tests/mcp_inspector/package-lock.json
+	npm ci --prefix tests/mcp_inspector --no-audit --no-fund
+
 install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
-	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json
+	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json \
+	tests/mcp_inspector/node_modules/.package-lock.json
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve

@@ -188,7 +188,8 @@ def test_temporary_plugin_registers_for_a_block():
 def test_builtin_plugins_import_no_heavy_module():
     code = (
         "import sys, agentik.core.cli, agentik_llm_openai, agentik_transport_http,"
-        " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip;"
+        " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip,"
+        " agentik_transport_mcp_server, agentik_transport_openai;"
         "from agentik.core.plugins import make_plugins; make_plugins();"
         "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'mcp', 'litert_lm',"
         " 'onnxruntime', 'sentencepiece', 'numpy', 'hnswlib', 'a2a', 'ag_ui',"

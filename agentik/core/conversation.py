@@ -334,11 +334,12 @@ class ChatConversation:
         return flatten(self.turn_batches(turn_id, after))
 
     async def turn_batches(
-        self, turn_id: str, after: int | None = None
+        self, turn_id: str, after: int | None = None, linger: float = 0.0
     ) -> AsyncGenerator[list[StreamItem], None]:
         """:meth:`turn_events` in lists: what was published while the reader was busy comes
-        at once (one socket write, and a transport may join text deltas)."""
-        batches = self.event_batches(after)
+        at once (one socket write, and a transport may join text deltas); with ``linger``
+        (seconds) the reader waits that long after news to gather more (fewer, later lists)."""
+        batches = self.event_batches(after, linger)
         try:
             async for batch in batches:
                 mine = [i for i in batch if i.turn_id == turn_id or isinstance(i.event, Gap)]
@@ -348,6 +349,24 @@ class ChatConversation:
                     return
         finally:
             await batches.aclose()
+
+    async def turn_end(self, turn_id: str) -> Message | None:
+        """The record that ended the turn ``turn_id`` (its ``assistant`` or ``error`` record),
+        once it has ended (at once when it has); None when the conversation's event log closed
+        first (shutdown, deletion). For a transport that answers a request with the turn's
+        outcome, from the audit log: what a listener that fell behind missed is in it."""
+        after = self.last_event_id  # before the read: an End published meanwhile is not missed
+        end = await self._store.turn_end(turn_id)
+        if end is None:
+            items = self.turn_events(turn_id, after)
+            try:
+                async for item in items:
+                    if isinstance(item.event, End):
+                        break
+            finally:
+                await items.aclose()
+            end = await self._store.turn_end(turn_id)
+        return end
 
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0

@@ -113,6 +113,14 @@ def parse_url(raw: str) -> str:
     return value.rstrip("/")
 
 
+def parse_url_path(raw: str) -> str:
+    """Where a transport is mounted: ``/agui``, ``/mcp`` (no trailing slash kept)."""
+    path = raw.strip().rstrip("/")
+    if not path.startswith("/") or len(path) < 2 or any(c in path for c in " ?#{}%"):
+        raise ValueError("must be a URL path such as /agui (no spaces, query or braces)")
+    return path
+
+
 def parse_path(raw: str) -> Path:
     return Path(raw).expanduser()
 

@@ -39,14 +39,24 @@ def parse_public_url(raw: str) -> str:
 
 SETTINGS = (
     Setting("AGENTIK_A2A_PATH", "/a2a", parse_root, "Where the A2A endpoint is mounted."),
-    Setting("AGENTIK_A2A_NAME", "agentik", str, "The agent's name on its A2A agent card."),
+    Setting(
+        "AGENTIK_A2A_NAME",
+        "agentik",
+        str,
+        "The agent's name on its A2A agent card (and of its MCP server, /mcp).",
+    ),
     Setting(
         "AGENTIK_A2A_DESCRIPTION",
         "A stateful chat agent.",
         str,
-        "The agent's description on its A2A agent card.",
+        "The agent's description on its A2A agent card (and its MCP server's instructions).",
     ),
-    Setting("AGENTIK_A2A_VERSION", __version__, str, "The agent's version on its A2A agent card."),
+    Setting(
+        "AGENTIK_A2A_VERSION",
+        __version__,
+        str,
+        "The agent's version on its A2A agent card (and of its MCP server).",
+    ),
     Setting(
         "AGENTIK_PUBLIC_URL",
         None,
