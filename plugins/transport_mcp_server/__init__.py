@@ -2,7 +2,7 @@
 the same port and behind the same keys as every other route, so Claude Desktop, IDEs and other
 agents (another agentik among them, through its ``mcp.json``) use it as a tool.
 
-Hooks, settings and the route only: the ``mcp`` SDK (``pip install 'agentik[mcp]'``) is imported
+Hooks, settings and the route only: the ``mcp`` SDK (``pip install 'agentik-runtime[mcp]'``) is imported
 at the first request to ``/mcp`` (:mod:`agentik_transport_mcp_server.server`), not at start-up.
 """
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 PATH = "AGENTIK_MCP_SERVER_PATH"
 STATE = "agentik_transport_mcp_server"  # agent.state key of the MCPDoor
-MISSING = "the MCP server (/mcp) is off: it needs the mcp package (pip install 'agentik[mcp]')"
+MISSING = "the MCP server (/mcp) is off: it needs the mcp package (pip install 'agentik-runtime[mcp]')"
 CLOSE_TIMEOUT = 5.0  # seconds the SDK's sessions get to close at shutdown
 
 
