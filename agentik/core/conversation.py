@@ -134,7 +134,7 @@ class ChatConversation:
         self.created_at = info.created_at
         self.updated_at = info.updated_at
         self._store: Store = agent.temp_store if info.is_temporal else agent.store
-        self._events = EventLog(agent.event_buffer)
+        self._events = EventLog(agent.event_buffer, agent.event_ids)
         self._queue: deque[Message] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._turn_task: asyncio.Task[None] | None = None
