@@ -614,6 +614,7 @@ async def test_after_a_crash_the_cut_turn_errs_and_the_queued_ones_run(make_agen
     await asyncio.sleep(0.05)
     agent.store.db.conn.close()  # the process dies: nothing more reaches the database
     agent.store.db._conn = None
+    agent.store.db._unlock()  # and the OS drops its lock on the file
     for c in agent._live.values():
         c._closed = True
     agent._closed = True

@@ -230,6 +230,30 @@ async def test_event_ids_grow_across_a_crash_and_a_clock_set_back(
         assert gap["data"]["after"] == too_high
 
 
+async def test_a_second_server_on_the_same_database_stops_naming_the_first(
+    serve, fake_openai_proc, tmp_path
+):
+    """Two servers on one SQLite file would each close the other's running turns as cut off
+    by a restart and run its queued messages twice: the second stops at once, in one line."""
+    env = openai_env(fake_openai_proc)
+    first, base = serve(env)
+    second, _ = serve(env, wait=False)
+    assert second.proc.wait(30) == 2
+    lines = [line for line in second.output.splitlines() if "AGENTIK_DB_PATH" in line]
+    assert len(lines) == 1, second.output
+    assert f"in use by another process (pid {first.proc.pid})" in lines[0]
+    assert str(tmp_path / "agentik.db") in lines[0]
+    async with aiohttp.ClientSession() as s:  # the first goes on as if nothing happened
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        assert (await read_sse(events))[-1]["event"] == "End"
+        events.close()
+    assert first.stop() == 0
+    third, _ = serve(env)  # and once it stopped, the file is free again
+    assert third.stop() == 0
+
+
 async def test_sigterm_mid_stream_exits_quickly_and_cleanly(serve, fake_openai_proc, tmp_path):
     proc, base = serve(openai_env(fake_openai_proc))
     await script_fake(fake_openai_proc, {"text": "slow " * 500, "delay": 0.05})
