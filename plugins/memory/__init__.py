@@ -34,8 +34,9 @@ SETTINGS = (
         "AGENTIK_MEMORY_MIN_SCORE",
         0.5,
         cfg.parse_fraction,
-        "Relevance (0-1) a note needs to be prefetched: the share of the text's words it "
-        "matches, three words counting as a full match.",
+        "Relevance (0-1) a note needs to be prefetched; md: the share of the message's words "
+        "known to the memory that the note has (three count as a full match), vector: cosine "
+        "with a recency weight.",
     ),
     Setting(
         "AGENTIK_MEMORY_REVIEW",
