@@ -109,6 +109,9 @@ def _strip_marks(match: re.Match[str]) -> str:
 LATIN_ENDINGS = ("ments", "ings", "ment", "ness", "ing", "ies", "ied", "ers", "ern", "er", "ed",
                  "es", "en", "em", "ly", "s", "e", "t")  # fmt: skip
 CYRILLIC_VOWELS = frozenset("аяоеыиуюьй")
+_BY_LAST_LETTER: dict[str, tuple[str, ...]] = {}  # the endings a word may have, by its last letter
+for _ending in LATIN_ENDINGS:
+    _BY_LAST_LETTER[_ending[-1]] = (*_BY_LAST_LETTER.get(_ending[-1], ()), _ending)
 
 
 def stem(word: str) -> str:
@@ -117,11 +120,11 @@ def stem(word: str) -> str:
     ``trink``), keeping three letters (four for ``-e``, ``-t``). A Cyrillic word longer than four
     letters loses up to three trailing letters, keeping four (``москве`` → ``моск``); one of four
     letters its final vowel (``сыну`` → ``сын``)."""
-    if CYRILLIC.search(word):
+    if not word.isascii() and CYRILLIC.search(word):
         if len(word) > 4:
             return word[: max(4, len(word) - 3)]
         return word[:-1] if len(word) == 4 and word[-1] in CYRILLIC_VOWELS else word
-    for ending in LATIN_ENDINGS:
+    for ending in _BY_LAST_LETTER.get(word[-1], ()):
         if word.endswith(ending) and len(word) - len(ending) >= (4 if ending in ("e", "t") else 3):
             return word[: -len(ending)]
     return word
