@@ -71,12 +71,11 @@ class EventIds:
         """Ids up to ``mark`` are persisted as used: ask for more half a block before it."""
         self.refill_at = mark - block // 2
 
-    def passed(self, seq: int) -> None:
-        """A log issued ``seq`` above ``high``."""
-        self.high = seq
-        if seq >= self.refill_at and self.refill is not None:
-            self.refill_at = float("inf")  # once, until the owner persisted the next mark
-            self.refill(seq)
+    def near_mark(self) -> None:
+        """``high`` reached ``refill_at``: ask the owner for the next mark, once."""
+        self.refill_at = float("inf")  # until the owner persisted the next mark
+        if self.refill is not None:
+            self.refill(self.high)
 
 
 class EventLog:
@@ -98,12 +97,15 @@ class EventLog:
         return self._closed
 
     def publish(self, event: Event, turn_id: str | None = None) -> int:
-        self._seq += 1
-        if self._seq > self._ids.high:
-            self._ids.passed(self._seq)
-        self._items.append(StreamItem(self._seq, event, turn_id))
+        seq = self._seq = self._seq + 1
+        ids = self._ids
+        if seq > ids.high:
+            ids.high = seq
+            if seq >= ids.refill_at:
+                ids.near_mark()
+        self._items.append(StreamItem(seq, event, turn_id))
         self._wake()
-        return self._seq
+        return seq
 
     def close(self) -> None:
         """End every reader (shutdown, deleted conversation)."""
