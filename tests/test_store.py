@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from agentik.core.db import Database
+from agentik.core.db import Database, DatabaseInUse
 from agentik.core.llm import HistoryItem
 from agentik.core.store import MemoryStore, SqliteStore, utcnow
 from agentik.core.types import ConversationInfo, InvalidInput, Message
@@ -236,7 +237,7 @@ def test_a_durable_write_needs_no_new_file_descriptor(tmp_path):
     fsynced through a descriptor opened at start-up, never opened by name after the commit."""
     script = f"""
 import asyncio, os, resource
-from agentik.core.db import Database
+from agentik.core.db import Database, DatabaseInUse
 from agentik.core.store import SqliteStore, utcnow
 from agentik.core.types import ConversationInfo, Message
 
@@ -282,3 +283,53 @@ async def test_turn_end_is_the_record_that_closed_a_turn(tmp_path, kind):
     assert (await store.turn_end("u1")).payload == {"text": "hi"}
     assert (await store.turn_end("u2")).kind == "error"
     await store.close()
+
+
+async def test_one_database_object_at_a_time_per_file_and_memory_is_exempt(tmp_path):
+    first = SqliteStore(Database(str(tmp_path / "one.db")))
+    await first.open()
+    second = SqliteStore(Database(str(tmp_path / "one.db")))
+    with pytest.raises(DatabaseInUse, match=rf"in use by another process \(pid {os.getpid()}\)"):
+        await second.open()
+    await first.close()  # released: now it opens
+    await second.open()
+    await second.close()
+    a, b = SqliteStore(Database(":memory:")), SqliteStore(Database(":memory:"))
+    await a.open()
+    await b.open()
+    await a.close()
+    await b.close()
+
+
+def test_the_lock_dies_with_its_process(tmp_path):
+    """kill -9 leaves no stale lock: the OS drops it with the process."""
+    path = tmp_path / "held.db"
+    script = f"""
+import asyncio, sys
+from agentik.core.db import Database
+from agentik.core.store import SqliteStore
+
+async def main():
+    await SqliteStore(Database({str(path)!r})).open()
+    print("open", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+
+        async def try_open() -> None:
+            store = SqliteStore(Database(str(path)))
+            await store.open()
+            await store.close()
+
+        with pytest.raises(DatabaseInUse, match=f"pid {holder.pid}"):
+            asyncio.run(try_open())
+        holder.kill()
+        holder.wait(10)
+        asyncio.run(try_open())
+    finally:
+        holder.kill()
+        holder.wait(10)

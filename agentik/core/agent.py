@@ -24,7 +24,7 @@ from agentik.core.conversation import (
     unwrap_events,
 )
 from agentik.core.embedding import EmbeddingBackend
-from agentik.core.events import EventLog, StreamItem
+from agentik.core.events import EventIds, EventLog, StreamItem
 from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every running turn
+EVENT_IDS = "event_ids"  # agent state: no event id above it was issued (persisted ahead of use)
+EVENT_ID_BLOCK = 1 << 16  # event ids reserved by one write of EVENT_IDS
 
 
 class ChatAgent:
@@ -87,7 +89,10 @@ class ChatAgent:
         self._live: OrderedDict[str, ChatConversation] = OrderedDict()
         self._deleting: set[str] = set()
         self.max_live = max_live
-        self._events = EventLog(event_buffer)
+        #: the sequence ids of every event stream of this agent: they only grow, across restarts
+        self.event_ids = EventIds(refill=self._refill_event_ids)
+        self._event_mark = 0  # the EVENT_IDS persisted last
+        self._events = EventLog(event_buffer, self.event_ids)
         self.resume_queued = resume_queued
         self._opened = self._closed = False
         #: turns whose end could not be recorded: such a stop is not clean (see :meth:`close`)
@@ -107,6 +112,7 @@ class ChatAgent:
         the same way)."""
         await self.store.open()
         self._opened = True
+        await self._open_event_ids()
         clean = await self.store.read_state(CLEAN_STOP) is not None
         await self.store.write_state(CLEAN_STOP, None)
         cut: list[Message] = []
@@ -128,6 +134,23 @@ class ChatAgent:
         if cut:
             log.warning("closed %d turn(s) cut off by a restart", len(cut))
         return len(cut)
+
+    async def _open_event_ids(self) -> None:
+        """Start the event counter above every id the last process may have issued."""
+        issued = int(await self.store.read_state(EVENT_IDS) or 0)
+        self.event_ids.high = max(self.event_ids.high, issued)
+        self._events = EventLog(self.event_buffer, self.event_ids)  # starts there
+        await self._reserve_event_ids(self.event_ids.high)
+
+    def _refill_event_ids(self, high: int) -> None:
+        self.jobs.spawn("reserve event ids", self._reserve_event_ids(high))
+
+    async def _reserve_event_ids(self, high: int) -> None:
+        """Persist a mark a block above ``high``: ids up to it need no write."""
+        mark = high + EVENT_ID_BLOCK
+        await self.store.write_state(EVENT_IDS, str(mark))
+        self._event_mark = mark
+        self.event_ids.reserved(mark, EVENT_ID_BLOCK)
 
     async def resume(self) -> int:
         """Run the acknowledged messages whose turns never started before the last stop, in
@@ -168,6 +191,8 @@ class ChatAgent:
             await conv.close()
         self._events.close()
         await self.jobs.close()
+        if self.event_ids.high > self._event_mark:  # a reservation cut by the shutdown
+            await self.store.write_state(EVENT_IDS, str(self.event_ids.high))
         if not self.unrecorded_ends:
             # every turn that ran has recorded its end: the next start runs what is left
             await self.store.write_state(CLEAN_STOP, utcnow().isoformat())

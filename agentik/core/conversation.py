@@ -17,6 +17,7 @@ from agentik.core.context import (
     Compaction,
     compaction_cut,
     context_tokens,
+    estimate_tokens,
     inputs_tokens,
 )
 from agentik.core.events import EventLog, StreamItem, flatten
@@ -136,7 +137,7 @@ class ChatConversation:
         self.created_at = info.created_at
         self.updated_at = info.updated_at
         self._store: Store = agent.temp_store if info.is_temporal else agent.store
-        self._events = EventLog(agent.event_buffer)
+        self._events = EventLog(agent.event_buffer, agent.event_ids)
         self._queue: deque[Message] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._turn_task: asyncio.Task[None] | None = None
@@ -155,6 +156,7 @@ class ChatConversation:
         self.compactions = 0
         self._compacting = asyncio.Lock()
         self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
+        self._prompt = ""  # the system prompt the live LLM conversation has
         self._running: str | None = None  # the user message id of the running turn
         self._turns: int | None = None  # user messages stored, once counted (count_turns)
         self._unconfirmed: set[str] = set()  # keyed sends whose write raised (see _accept)
@@ -463,10 +465,25 @@ class ChatConversation:
                 self.agent.tools.specs(),
             )
             self._llm = self.agent.llm.create_conversation(prompt, items, specs)
+            self._prompt = prompt
             self.context_tokens = context_tokens(prompt, items, specs)  # the only full scan
             self._llm_stale = False
             self.llm_builds += 1
         return self._llm
+
+    async def _update_prompt(self, llm: LLMConversation) -> None:
+        """Before a turn: the system prompt as its sections render now (a reflection, a persona
+        edit, a skill saved since the live conversation was built) goes to the live
+        conversation, through the backend when it can swap it, else by a rebuild."""
+        prompt = self.agent.system_prompt()
+        if prompt == self._prompt:
+            return
+        if not await llm.set_system_prompt(prompt):
+            await self._reset_llm()  # _live_llm builds it again with the new prompt
+            return
+        if self.context_tokens is not None:
+            self.context_tokens += estimate_tokens(prompt) - estimate_tokens(self._prompt)
+        self._prompt = prompt
 
     async def _reset_llm(self) -> None:
         llm, self._llm = self._llm, None
@@ -527,6 +544,8 @@ class ChatConversation:
         text = turn.llm_text = self._llm_text(turn.user)
         if self._llm_stale:  # compacted between turns: rebuild from the compacted memory
             await self._reset_llm()
+        elif self._llm is not None:
+            await self._update_prompt(self._llm)
         await self._live_llm()
         images = self._images(turn.user)
         turn.memory.append(HistoryItem("user", text, extra=self._images_extra(images)))

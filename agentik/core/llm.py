@@ -2,7 +2,9 @@
 
 A backend makes long-lived :class:`LLMConversation` objects. The turn engine creates one per
 chat from working memory on the first send and reuses it for later turns (so a backend can keep
-a KV cache); it is dropped and rebuilt after an error, an interrupt, a restart or a compaction.
+a KV cache); it is dropped and rebuilt after an error, an interrupt, a restart or a compaction,
+and when the system prompt changed and the backend cannot swap it in
+(:meth:`LLMConversation.set_system_prompt`).
 
 Each step of a turn is one call to :meth:`LLMConversation.stream` with the new inputs (the
 user's text, or the results of the tool calls the model asked for). The conversation keeps its
@@ -167,6 +169,13 @@ class LLMConversation(abc.ABC):
         ``inputs`` may be empty: the conversation was just built from working memory that
         already ends with this step's tool results (a compaction in the middle of a tool loop),
         and the model answers them."""
+
+    async def set_system_prompt(self, system_prompt: str) -> bool:
+        """Replace the system prompt, keeping the history (a prompt section changed since the
+        conversation was built: a reflection, an edited persona, a skill saved). Return False
+        when the backend cannot (the default): the turn engine then builds a new conversation
+        from working memory instead. Called between turns only."""
+        return False
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release what the conversation holds (a KV cache, a native handle)."""

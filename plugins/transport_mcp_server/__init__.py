@@ -2,8 +2,9 @@
 the same port and behind the same keys as every other route, so Claude Desktop, IDEs and other
 agents (another agentik among them, through its ``mcp.json``) use it as a tool.
 
-Hooks, settings and the route only: the ``mcp`` SDK (``pip install 'agentik-runtime[mcp]'``) is imported
-at the first request to ``/mcp`` (:mod:`agentik_transport_mcp_server.server`), not at start-up.
+Hooks, settings and the route only: the ``mcp`` SDK (``pip install 'agentik-runtime[mcp]'``) is
+imported at the first request to ``/mcp`` (:mod:`agentik_transport_mcp_server.server`), not at
+start-up.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ log = logging.getLogger(__name__)
 
 PATH = "AGENTIK_MCP_SERVER_PATH"
 STATE = "agentik_transport_mcp_server"  # agent.state key of the MCPDoor
-MISSING = "the MCP server (/mcp) is off: it needs the mcp package (pip install 'agentik-runtime[mcp]')"
+MISSING = (
+    "the MCP server (/mcp) is off: it needs the mcp package (pip install 'agentik-runtime[mcp]')"
+)
 CLOSE_TIMEOUT = 5.0  # seconds the SDK's sessions get to close at shutdown
 
 
