@@ -13,6 +13,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
+	@# a venv (or a checkout) from before the rename holds the distribution `agentik`, whose entry
+	@# points would clash with agentik-runtime's
+	@$(PIP) uninstall -y agentik >/dev/null 2>&1 || true
+	@rm -rf agentik.egg-info
 	$(PIP) install -e .[all]
 	@touch $@
 
@@ -34,8 +38,14 @@ install: $(VENV)/.installed        ## create .venv with agentik and every backen
 tests/a2a/node_modules/.package-lock.json: tests/a2a/package.json tests/a2a/package-lock.json
 	npm ci --prefix tests/a2a --no-audit --no-fund
 
+# the MCP Inspector CLI the tests of the MCP server (/mcp) run against it
+tests/mcp_inspector/node_modules/.package-lock.json: tests/mcp_inspector/package.json \
+	tests/mcp_inspector/package-lock.json
+	npm ci --prefix tests/mcp_inspector --no-audit --no-fund
+
 install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
-	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json
+	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json \
+	tests/mcp_inspector/node_modules/.package-lock.json
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve
@@ -45,7 +55,7 @@ lint: install-test
 	$(BIN)/ruff format --check .
 
 typecheck: install-test
-	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/client.py agentik/protocol_check.py
+	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/api.py agentik/client.py agentik/protocol_check.py
 
 unit: install-test
 	$(BIN)/pytest -q

@@ -105,10 +105,11 @@ def register_prompt_sections(register: Callable[..., None], settings: Settings) 
     """Contribute sections of the system prompt.
 
     ``register(name, render, order=100)``: ``render(agent)`` (or ``render()``, when it takes
-    no argument) returns the section's text (or ``None`` to leave it out) each time a live LLM
-    conversation is built; the agent gives it the state its plugin keeps in ``agent.state``.
-    Sections are joined by blank lines, lowest ``order`` first: the persona uses 0, the base
-    prompt 100.
+    no argument) returns the section's text (or ``None`` to leave it out); the agent gives it
+    the state its plugin keeps in ``agent.state``. It is called before every turn (keep it
+    cheap): a section whose text changed reaches each conversation at its next turn (the
+    backend swaps the system prompt, or the live LLM conversation is rebuilt). Sections are
+    joined by blank lines, lowest ``order`` first: the persona uses 0, the base prompt 100.
     """
 
 

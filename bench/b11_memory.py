@@ -156,7 +156,7 @@ async def first_token_ms(agent: Any, conv: Any, text: str) -> tuple[float, float
     await asyncio.sleep(0)
     t0, c0 = time.perf_counter(), time.process_time()
     await conv.send([TextPart(text)])
-    while (await first).event.type != "StartResponse":
+    while (await first).type != "StartResponse":
         first = asyncio.ensure_future(anext(events))
     took = ((time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3)
     await events.aclose()

@@ -197,7 +197,7 @@ async def first_token_ms(conv: Any, agent: Any, text: str) -> float:
     await asyncio.sleep(0)
     t0 = time.perf_counter()
     await conv.send([TextPart(text)])
-    while (await first).event.type != "StartResponse":
+    while (await first).type != "StartResponse":
         first = asyncio.ensure_future(anext(events))
     took = (time.perf_counter() - t0) * 1e3
     await events.aclose()

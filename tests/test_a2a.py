@@ -525,7 +525,7 @@ async def test_without_a2a_sdk_the_endpoint_says_what_to_install(
     monkeypatch.setitem(sys.modules, "agentik_transport_a2a.endpoint", None)  # import fails
     answer = await rpc(client, "GetTask", {"id": "t"})
     assert answer["error"]["code"] == -32603
-    assert "pip install 'agentik[a2a]'" in answer["error"]["message"]
+    assert "pip install 'agentik-runtime[a2a]'" in answer["error"]["message"]
     assert (await client.get("/a2a/.well-known/agent-card.json")).status == 200
 
 

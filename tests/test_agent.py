@@ -401,6 +401,42 @@ async def test_system_prompt_sections_in_order_and_a_failing_one_is_left_out(mak
     assert agent.system_prompt() == "You are Ada.\n\nBe brief.\n\nCheerful today."
 
 
+async def test_a_changed_section_reaches_the_live_conversation_at_its_next_turn(make_agent):
+    """A backend that cannot swap the system prompt (ScriptedLLM, like LiteRT-LM): the live
+    conversation is rebuilt from working memory, with the history, only when the prompt
+    changed; the prompt is rendered once per turn."""
+    renders = []
+
+    def weak_spots(agent):
+        renders.append(1)
+        return agent.state.get("weak spots")
+
+    llm = ScriptedLLM()
+    agent = await make_agent(
+        llm, prompt_sections=[(100, "base", lambda: "Be brief."), (400, "spots", weak_spots)]
+    )
+    conv = await agent.create_conversation()
+    for body in ("one", "two"):
+        await conv.send(text(body))
+        await conv.wait_idle()
+    assert llm.prompts == ["Be brief."] and conv.llm_builds == 1 and len(renders) == 2
+    agent.state["weak spots"] = "Weak spots: answers too long."  # e.g. a reflection ran
+    await conv.send(text("three"))
+    await conv.wait_idle()
+    assert llm.prompts[-1] == "Be brief.\n\nWeak spots: answers too long."
+    assert conv.llm_builds == 2
+    rebuilt = llm.conversations[-1]
+    assert [(h.role, h.text) for h in rebuilt.history] == [
+        ("user", "one"),
+        ("assistant", "echo: one"),
+        ("user", "two"),
+        ("assistant", "echo: two"),
+    ]
+    await conv.send(text("four"))  # unchanged: kept
+    await conv.wait_idle()
+    assert conv.llm_builds == 2 and len(renders) == 5
+
+
 async def test_idle_conversations_beyond_the_cap_are_dropped_from_memory(make_agent):
     llm = ScriptedLLM()
     agent = await make_agent(llm, max_live=2)

@@ -347,4 +347,4 @@ async def test_without_the_protocol_package_the_server_runs_without_the_route(
     assert (await client.post("/agui", json=run_input("t", [user("u", "x")]))).status == 404
     settings = client.server.app[SETTINGS]
     assert plugin.banner_lines(settings) == [plugin.MISSING]
-    assert "pip install 'agentik[agui]'" in plugin.MISSING
+    assert "pip install 'agentik-runtime[agui]'" in plugin.MISSING

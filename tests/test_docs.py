@@ -30,3 +30,22 @@ def test_docs_link_to_files_that_exist():
     for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
             assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+
+
+def anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (fenced code left out)."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M)
+    out = set()
+    for heading in re.findall(r"^#+ (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_docs_link_to_sections_that_exist():
+    """Issue #28 (12): a link to writing_plugins.md#an-llm-backend led nowhere."""
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target, anchor in re.findall(r"\]\(([^)#:]*)#([^)]+)\)", doc.read_text()):
+            linked = (doc.parent / target) if target else doc
+            if linked.suffix == ".md":
+                assert anchor in anchors(linked), f"{doc.name} links to missing {target}#{anchor}"

@@ -31,7 +31,7 @@ try:
 except ImportError as e:  # never a silent skip: CI must have them
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         raise RuntimeError(f"the siglip extra is required under CI: {e}") from e
-    pytest.skip(f"{e}; pip install 'agentik[siglip]' onnx", allow_module_level=True)
+    pytest.skip(f"{e}; pip install 'agentik-runtime[siglip]' onnx", allow_module_level=True)
 
 from agentik.core.app import load_settings, registries
 from agentik.core.embedding import EmbeddingBackend, EmbeddingError

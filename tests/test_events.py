@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentik.core.events import EventLog
+from agentik.core.events import EventIds, EventLog
 from agentik.core.types import AppendText, End, Gap
 
 
@@ -45,9 +45,10 @@ async def test_a_reader_behind_the_buffer_gets_a_gap_then_the_rest():
 
 
 async def test_an_id_from_an_earlier_log_replays_the_whole_buffer():
-    old = EventLog()
-    stale = [old.publish(AppendText("old")) for _ in range(5000)][-1]
-    log = EventLog(maxlen=4)  # the same stream after a restart, or after an eviction
+    ids = EventIds()  # one agent's counter
+    old = EventLog(ids=ids)
+    stale = [old.publish(AppendText("old")) for _ in range(5000)][-100]  # the client's last
+    log = EventLog(maxlen=4, ids=ids)  # the same stream after an eviction
     for i in range(3):
         log.publish(AppendText(str(i)))
     assert log.last_seq > stale
@@ -57,11 +58,58 @@ async def test_an_id_from_an_earlier_log_replays_the_whole_buffer():
 
 
 async def test_an_id_from_an_earlier_log_gets_a_gap_even_when_nothing_is_buffered():
-    old = EventLog()
+    ids = EventIds()
+    old = EventLog(ids=ids)
     stale = old.publish(AppendText("old"))
-    log = EventLog()
+    old.publish(AppendText("lost with the old log"))
+    log = EventLog(ids=ids)
     got = await read(log, stale, 1)
     assert got[0].event == Gap(stale)
+
+
+async def test_logs_of_one_counter_start_above_every_id_issued():
+    ids = EventIds(issued=1000)  # e.g. the mark a restart read from the store
+    a, b = EventLog(ids=ids), EventLog(ids=ids)
+    assert a.publish(End()) == 1001 and a.publish(End()) == 1002
+    assert b.publish(End()) == 1001  # streams count on their own; ids are per stream
+    assert EventLog(ids=ids).publish(End()) == 1003  # a new log: above all of them
+
+
+async def test_an_id_above_the_highest_issued_gets_a_gap_and_the_buffer_never_silence():
+    log = EventLog()
+    for i in range(3):
+        log.publish(AppendText(str(i)))
+    too_high = log.last_seq + 10**9  # another server's id, or one from before a reset
+    got = await read(log, too_high, 4)
+    assert got[0].event == Gap(too_high)
+    assert [i.event.text for i in got[1:]] == ["0", "1", "2"]
+    # the Gap's id is one the client can resume from: nothing twice, nothing lost
+    assert got[0].seq == got[1].seq - 1
+    later = asyncio.ensure_future(read(log, log.last_seq + 5, 2))  # and with nothing buffered
+    await asyncio.sleep(0)
+    empty = EventLog()
+    got = await read(empty, 7, 1)
+    assert got[0].event == Gap(7) and got[0].seq == empty.last_seq
+    log.publish(End())
+    first, then = await asyncio.wait_for(later, 2)
+    assert isinstance(first.event, Gap) and then.event == AppendText("0")
+
+
+async def test_the_counter_asks_its_owner_for_a_new_mark_once_half_a_block_before_it():
+    asked: list[int] = []
+    ids = EventIds(refill=asked.append)
+    ids.reserved(100, block=100)  # ids up to 100 are persisted as used
+    log = EventLog(ids=ids)
+    for _ in range(49):
+        log.publish(End())
+    assert asked == []
+    for _ in range(10):  # past 50: asked once, not at every publish
+        log.publish(End())
+    assert asked == [50]
+    ids.reserved(150, block=100)
+    for _ in range(50):
+        log.publish(End())
+    assert asked == [50, 100]
 
 
 async def test_readers_are_counted():
@@ -115,3 +163,21 @@ async def test_close_ends_every_reader():
     log.publish(AppendText("x"))
     log.close()
     assert [i.event.text for i in await asyncio.wait_for(reader, 2)] == ["x"]
+
+
+async def test_the_agent_keeps_a_mark_ahead_of_its_ids_in_the_store(make_agent, tmp_path):
+    from agentik.core.agent import EVENT_ID_BLOCK, EVENT_IDS
+
+    agent = await make_agent(db=str(tmp_path / "ids.db"))
+    assert int(await agent.store.read_state(EVENT_IDS)) == EVENT_ID_BLOCK
+    for _ in range(EVENT_ID_BLOCK // 2 + 10):  # past half the block: one more write, no more
+        agent.publish("ConversationUpdated", "c")
+    await agent.jobs.wait_idle()
+    mark = int(await agent.store.read_state(EVENT_IDS))
+    assert mark == EVENT_ID_BLOCK // 2 + EVENT_ID_BLOCK
+    issued = agent.last_event_id
+    await agent.close()  # what a kill -9 would leave is the mark: a restart starts above it
+    again = await make_agent(db=str(tmp_path / "ids.db"))
+    assert again.last_event_id >= issued and again.last_event_id >= mark
+    conv = await again.create_conversation()
+    assert conv.last_event_id >= mark

@@ -339,8 +339,8 @@ async def test_hook_before_compaction(aiohttp_client, caplog):
     items = [HistoryItem("user", "old question"), HistoryItem("assistant", "old answer")]
     await agent.before_compaction(conv, items)
     assert seen == [(conv.id, ["old question", "old answer"])] * 2
-    assert "before_compaction of plugin broken failed" in caplog.text
-    assert "before_compaction of plugin bl failed" in caplog.text
+    assert f"before_compaction of plugin broken in {conv.id} failed: RuntimeError" in caplog.text
+    assert f"before_compaction of plugin bl in {conv.id} failed: RuntimeError" in caplog.text
 
 
 async def test_hook_compact_context(aiohttp_client):

@@ -23,7 +23,8 @@ except ImportError as e:  # never a silent skip: CI must have it
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         raise RuntimeError(f"litert-lm-api is required under CI: {e}") from e
     pytest.skip(
-        f"litert_lm is not installed ({e}); pip install 'agentik[litert]'", allow_module_level=True
+        f"litert_lm is not installed ({e}); pip install 'agentik-runtime[litert]'",
+        allow_module_level=True,
     )
 
 import agentik_llm_litert as plugin

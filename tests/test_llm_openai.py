@@ -1251,3 +1251,32 @@ async def test_images_reach_a_model_that_takes_them(fake: FakeOpenAI) -> None:
     assert await conv.get_messages() == []
     await agent.close()
     await agent.llm.aclose()
+
+
+async def test_set_system_prompt_swaps_the_first_message_and_keeps_the_summaries():
+    backend = OpenAIBackend(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    history = [
+        HistoryItem("summary", "They talked about tea."),
+        HistoryItem("user", "hi"),
+        HistoryItem("assistant", "hello"),
+    ]
+    conv = backend.create_conversation("Be brief.", history, [])
+    rest = conv.messages[1:]
+    assert conv.messages[0] == {
+        "role": "system",
+        "content": "Be brief.\n\nSummary of the earlier conversation:\nThey talked about tea.",
+    }
+    assert await conv.set_system_prompt("You are Arthur.\n\nBe brief.")
+    assert conv.messages[0]["content"].startswith("You are Arthur.\n\nBe brief.\n\nSummary of")
+    assert await conv.set_system_prompt("")  # only the summary is left
+    assert conv.messages[0]["content"].startswith("Summary of the earlier conversation:")
+    assert conv.messages[1:] == rest
+    bare = backend.create_conversation("", [HistoryItem("user", "hi")], [])
+    assert [m["role"] for m in bare.messages] == ["user"]
+    assert await bare.set_system_prompt("New.")
+    assert bare.messages == [
+        {"role": "system", "content": "New."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert await bare.set_system_prompt("")
+    assert bare.messages == [{"role": "user", "content": "hi"}]

@@ -236,7 +236,7 @@ async def test_the_review_saves_durable_facts_once(app, backend):
             FACT.replace("The user", "the USER").replace(".", "!"),  # the same fact again
         ]
     )
-    agent = await app(backend, llm, AGENTIK_MEMORY_REVIEW="1")
+    agent = await app(backend, llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_EVERY="1")
     conv = await agent.create_conversation()
     await turn(conv, "I always drink tea, never coffee.")
     await agent.jobs.wait_idle()
@@ -268,7 +268,7 @@ async def test_the_review_saves_durable_facts_once(app, backend):
 )
 async def test_bad_review_answers_save_nothing(app, answer, caplog):
     llm = ReviewLLM(answers=[answer])
-    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1")
+    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_EVERY="1")
     conv = await agent.create_conversation()
     events = await turn(conv, "I like tea.")
     await agent.jobs.wait_idle()
@@ -288,7 +288,7 @@ async def test_review_off_asks_nothing(app):
 async def test_reviews_of_one_conversation_never_overlap_nor_delay_its_turns(app):
     llm = ReviewLLM(answers=[FACT] * 4)
     llm.gate = asyncio.Event()  # every review waits here
-    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1")
+    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_EVERY="1")
     conv = await agent.create_conversation()
     for i in range(3):  # each turn ends while the reviews before it still wait
         assert (await turn(conv, f"turn number {i}"))[-1].type == "End"
@@ -302,6 +302,67 @@ async def test_reviews_of_one_conversation_never_overlap_nor_delay_its_turns(app
     assert [p.count("turn number") for p in llm.review_prompts] == [2, 0, 2, 2]  # user, echo
     [note] = await agent.memory.list("preference")
     assert note.uses == 3  # saved once, then found again three times
+
+
+async def test_by_default_one_review_reads_four_turns(app):
+    """Not a second model call per turn (#20.7): the turns wait and go to one review."""
+    llm = ReviewLLM(answers=[FACT])
+    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1")
+    conv = await agent.create_conversation()
+    for i in range(3):
+        await turn(conv, f"turn number {i}")
+    await agent.jobs.wait_idle()
+    assert llm.review_prompts == []
+    await turn(conv, "turn number 3")
+    await agent.jobs.wait_idle()
+    [prompt] = llm.review_prompts
+    told = prompt.rsplit("Conversation:", 1)[1]
+    assert [told.count(f"turn number {i}") for i in range(4)] == [2, 2, 2, 2]  # user, echo
+    assert told.index("turn number 0") < told.index("turn number 3")
+    assert len(await agent.memory.list("preference")) == 1
+    for i in range(4, 8):  # the next review reads only the turns since this one
+        await turn(conv, f"turn number {i}")
+    await agent.jobs.wait_idle()
+    assert len(llm.review_prompts) == 2
+    assert "turn number 3" not in llm.review_prompts[1] and "turn number 7" in llm.review_prompts[1]
+
+
+async def test_turns_left_unreviewed_are_reviewed_when_the_conversation_goes_idle(app):
+    llm = ReviewLLM(answers=[FACT])
+    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_IDLE="0.3")
+    conv, other = await agent.create_conversation(), await agent.create_conversation()
+    await turn(conv, "first of two")
+    await asyncio.sleep(0.2)
+    await turn(conv, "second of two")  # the idle time starts again
+    await turn(other, "alone")
+    await asyncio.sleep(0.2)
+    assert llm.review_prompts == []  # 0.4 s since the first turn, 0.2 s since the last
+    for _ in range(100):
+        if len(llm.review_prompts) == 2:
+            break
+        await asyncio.sleep(0.05)
+    await agent.jobs.wait_idle()
+    mine = [p for p in llm.review_prompts if "of two" in p]
+    assert len(mine) == 1 and "first of two" in mine[0] and "second of two" in mine[0]
+    assert sum("alone" in p for p in llm.review_prompts) == 1
+    await asyncio.sleep(0.5)
+    assert len(llm.review_prompts) == 2  # reviewed once: nothing is left for another
+
+
+async def test_the_idle_review_waits_for_a_running_turn(app):
+    llm = ReviewLLM(answers=[FACT])
+    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_IDLE="0.2")
+    conv = await agent.create_conversation()
+    await turn(conv, "quick one")
+    llm.delay = 0.25  # two chunks: the next turn runs past the idle time of the first
+    events = asyncio.create_task(turn(conv, "slow one"))
+    await asyncio.sleep(0.35)
+    assert llm.review_prompts == []  # the idle time passed while the second turn ran
+    await events
+    await asyncio.sleep(0.4)
+    await agent.jobs.wait_idle()
+    [prompt] = llm.review_prompts
+    assert "quick one" in prompt and "slow one" in prompt
 
 
 async def test_before_compaction_reviews_the_turns_about_to_go(app):

@@ -107,7 +107,11 @@ async def test_a_fact_found_by_the_review_is_in_the_next_conversation(
     serve, fake_openai_proc, tmp_path
 ):
     folder = tmp_path / "memory"
-    _, base = serve(memory_env(fake_openai_proc, folder, AGENTIK_MEMORY_REVIEW="1"))
+    # the default review waits for 4 turns or for the conversation to go idle: here idle
+    env = memory_env(
+        fake_openai_proc, folder, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_IDLE="0.5"
+    )
+    _, base = serve(env)
     await script_fake(fake_openai_proc, REVIEW, {"text": "Green tea it is."})
     async with aiohttp.ClientSession() as s:
         a = await new_conversation(s, base)

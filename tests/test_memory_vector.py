@@ -350,6 +350,46 @@ async def test_a_dimension_mismatch_stops_start_up_with_one_line(tmp_path, fake)
     )
 
 
+async def test_a_dimension_mismatch_names_the_variables_of_the_backend_in_use(tmp_path):
+    """Issue #28 (12): it named the http backend's variables whatever backend was in use."""
+
+    class Sized(EmbeddingBackend):
+        name, model = "mine", "mine-v1"
+
+        def __init__(self, dim: int) -> None:
+            self.dim = dim
+
+        @property
+        def dimension(self) -> int:
+            return self.dim
+
+        async def embed(self, texts: Sequence[str]) -> numpy.ndarray:
+            return numpy.ones((len(texts), self.dim), dtype=numpy.float32)
+
+    db = tmp_path / "agent.db"
+
+    async def start(dim: int) -> None:
+        store = SqliteStore(Database(str(db)))
+        await store.open()
+        memory = VectorMemory(store, Sized(dim), None)
+        try:
+            await memory.start()
+            await memory.save("user", "The user's dog is Bruno.", "USER")
+            await memory.close()
+        finally:
+            await store.close()
+
+    await start(8)
+    with pytest.raises(StartupError) as info:
+        await start(16)
+    message = str(info.value)
+    assert (
+        message.startswith("AGENTIK_EMBEDDING_BACKEND='mine': ")
+        and "AGENTIK_EMBEDDING_MODEL" not in message
+    )
+    assert "(the settings of the 'mine' embedding backend, see `agentik plugins`)" in message
+
+
 def test_the_recency_weight():
     from datetime import timedelta
 

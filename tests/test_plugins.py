@@ -37,7 +37,7 @@ def test_builtins_are_discovered_through_entry_points():
     plugins = make_plugins(env={})
     for name in ("agentik_llm_openai", "agentik_transport_http"):
         info = plugins.infos[name]
-        assert (info.status, info.dist) == ("ok", "agentik")
+        assert (info.status, info.dist) == ("ok", "agentik-runtime")
         assert info.hooks
     assert plugins.infos["agentik.core"].status == "ok"
 
@@ -82,7 +82,7 @@ def test_load_and_disable_switches(tmp_path, monkeypatch):
     blocked = make_plugins(env={"AGENTIK_DISABLE_PLUGINS": "agentik_llm_openai"})
     assert blocked.infos["agentik_llm_openai"].status == "blocked"
     assert blocked.pm.get_plugin("agentik_llm_openai") is None
-    by_dist = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "agentik"})
+    by_dist = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "agentik-runtime"})
     assert by_dist.infos["agentik_llm_openai"].status == "ok"
 
 
@@ -95,10 +95,25 @@ class Dummy:
         register(self.name, lambda settings: None, aliases=self.aliases)
 
 
-def test_duplicate_backend_names_are_an_error_naming_both_plugins():
-    plugins = test_plugins([("plugin_a", Dummy("same")), ("plugin_b", Dummy("other", ["same"]))])
-    with pytest.raises(BackendError, match="plugin_a and plugin_b"):
-        registries(plugins)
+def test_a_backend_name_registered_twice_stops_start_up_only_when_selected(caplog):
+    """Issue #28 (8): two plugins registering one name used to stop every start-up, even when
+    neither was selected; now it is a warning, and an error naming both only if selected."""
+    plugins = test_plugins(
+        [("plugin_a", Dummy("same")), ("plugin_b", Dummy("other", ["same"]))],
+        builtins=["agentik_llm_openai"],
+    )
+    regs = registries(plugins)  # no error: nobody selected 'same'
+    assert caplog.messages == [
+        "llm backend 'same' is registered by both plugin_a and plugin_b; "
+        "disable one with AGENTIK_DISABLE_PLUGINS"
+    ]
+    assert regs["llm"].get("other", variable="AGENTIK_LLM_BACKEND").plugin == "plugin_b"
+    assert regs["llm"].get("openai", variable="AGENTIK_LLM_BACKEND").plugin == "agentik_llm_openai"
+    with pytest.raises(BackendError, match="'same' is registered by both plugin_a and plugin_b"):
+        regs["llm"].get("same", variable="AGENTIK_LLM_BACKEND")
+    problems: list[str] = []
+    registries(plugins, problems)
+    assert problems == caplog.messages
 
 
 def test_unknown_backend_lists_the_available_ones():
@@ -116,12 +131,12 @@ def test_a_backend_whose_extra_is_missing_names_its_own_distribution():
         BackendError, match=r"needs no_such_module_xyz; pip install 'agentik-llm-fancy\[gpu\]'"
     ):
         reg.get("fancy", variable="AGENTIK_LLM_BACKEND")
-    # a built-in plugin's distribution is agentik itself
+    # a built-in plugin's distribution is agentik-runtime itself (`agentik` on PyPI is another)
     builtin = BackendRegistry("llm")
-    builtin.register_for("agentik_llm_litert", "agentik")(
+    builtin.register_for("agentik_llm_litert", "agentik-runtime")(
         "litert", lambda s: None, requires=("no_such_module_xyz",), extra="litert"
     )
-    with pytest.raises(BackendError, match=r"pip install 'agentik\[litert\]'"):
+    with pytest.raises(BackendError, match=r"pip install 'agentik-runtime\[litert\]'"):
         builtin.get("litert", variable="AGENTIK_LLM_BACKEND")
 
 
@@ -173,7 +188,8 @@ def test_temporary_plugin_registers_for_a_block():
 def test_builtin_plugins_import_no_heavy_module():
     code = (
         "import sys, agentik.core.cli, agentik_llm_openai, agentik_transport_http,"
-        " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip;"
+        " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip,"
+        " agentik_transport_mcp_server, agentik_transport_openai;"
         "from agentik.core.plugins import make_plugins; make_plugins();"
         "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'mcp', 'litert_lm',"
         " 'onnxruntime', 'sentencepiece', 'numpy', 'hnswlib', 'a2a', 'ag_ui',"
@@ -298,7 +314,13 @@ def test_trace_plugins_logs_hook_calls(caplog):
     collect_prompt_sections(plugins, load_settings(plugins, {}))
     lines = [r.getMessage() for r in caplog.records]
     assert "register_prompt_sections(register, settings) -> [agentik.core]" in lines
-    assert "register_prompt_sections returned []" in lines
+    # issue #28: a register_* hook returns nothing; the trace shows what it registered
+    assert (
+        "register_prompt_sections of agentik.core: "
+        "register('base', register_prompt_sections.<locals>.<lambda>, order=100)"
+    ) in lines
+    assert "register_settings of agentik.core: register(Setting('AGENTIK_PORT'))" in lines
+    assert not [line for line in lines if line.endswith("returned []")]
     caplog.clear()
     quiet = make_plugins(env={"AGENTIK_LOAD_PLUGINS": "none"})
     collect_prompt_sections(quiet, load_settings(quiet, {}))
@@ -431,28 +453,33 @@ AUTHOR_DIST = "agentik-author-mistakes"
 PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
 
 
-@pytest.fixture(scope="module")
-def author_site(tmp_path_factory) -> Path:
-    """The throwaway distribution, pip-installed into a folder put on sys.path / PYTHONPATH."""
-    src = tmp_path_factory.mktemp("author_src")
-    for name, code in AUTHOR_PLUGINS.items():
+def install_plugins(
+    tmp_path_factory, dist: str, sources: dict[str, str], entry_points: dict[str, str] | None = None
+) -> Path:
+    """One throwaway distribution ``dist`` of single-module plugins (module -> source; entry
+    point -> module, by default each module under its own name), pip-installed for real into a
+    folder, which is returned (for sys.path / PYTHONPATH)."""
+    src = tmp_path_factory.mktemp(f"{dist}_src")
+    for name, code in sources.items():
         (src / f"{name}.py").write_text(textwrap.dedent(code))
-    entry_points = "\n".join(f"    {name} = {name}" for name in AUTHOR_PLUGINS)
+    points = entry_points or {name: name for name in sources}
+    lines = "\n".join(f"    {name} = {module}" for name, module in points.items())
     (src / "setup.cfg").write_text(
-        f"[metadata]\nname = {AUTHOR_DIST}\nversion = 0.1\n\n[options]\n"
-        f"py_modules = {', '.join(AUTHOR_PLUGINS)}\n\n"
-        f"[options.entry_points]\nagentik =\n{entry_points}\n"
+        f"[metadata]\nname = {dist}\nversion = 0.1\n\n[options]\n"
+        f"py_modules = {', '.join(sources)}\n\n[options.entry_points]\nagentik =\n{lines}\n"
     )
     (src / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
     )
-    site = tmp_path_factory.mktemp("author_site")
-    subprocess.run(
-        [*PIP_INSTALL, "--target", str(site), str(src)],
-        check=True,
-        capture_output=True,
-    )
+    site = tmp_path_factory.mktemp(f"{dist}_site")
+    subprocess.run([*PIP_INSTALL, "--target", str(site), str(src)], check=True, capture_output=True)
     return site
+
+
+@pytest.fixture(scope="module")
+def author_site(tmp_path_factory) -> Path:
+    """The throwaway distribution, pip-installed into a folder put on sys.path / PYTHONPATH."""
+    return install_plugins(tmp_path_factory, AUTHOR_DIST, AUTHOR_PLUGINS)
 
 
 @pytest.fixture
@@ -499,8 +526,10 @@ async def test_a_failing_turn_hook_loses_only_its_own_contribution(author_plugin
         await agent.jobs.wait_idle()
         assert llm.received[0][0].text == "[context for cats]\n\ncats"
         assert agent.state["at_context"] == ["cats"]  # the working after_turn ran
-        assert "before_turn of plugin at_broken_turn failed" in caplog.text
-        assert "after_turn of plugin at_broken_turn failed" in caplog.text
+        lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        where = f"of plugin at_broken_turn in {conv.id} failed: RuntimeError"
+        assert lines == [f"before_turn {where}: prefetch down", f"after_turn {where}: review down"]
+        assert "Traceback" not in caplog.text  # one line each; the traceback at debug level
     finally:
         await agent.close()
 
@@ -582,7 +611,7 @@ def test_plugins_command_always_runs_and_shows_the_conflict(author_site):
     ) in report["problems"]
     assert report["invalidSettings"].startswith("DICE_MAX_SIDES is declared differently")
     assert {p["name"] for p in report["plugins"]} >= {"at_claims_openai", "agentik_llm_openai"}
-    text = run_cli(author_site, "plugins", AGENTIK_LOAD_PLUGINS="at_claims_openai,agentik")
+    text = run_cli(author_site, "plugins", AGENTIK_LOAD_PLUGINS="at_claims_openai,agentik-runtime")
     assert text.returncode == 0
     assert "problem: llm backend 'openai' is registered by both" in text.stdout
 
@@ -617,12 +646,15 @@ def test_unknown_plugin_names_are_warned_with_the_closest(author_plugins):
         "AGENTIK_DISABLE_PLUGINS: no installed plugin is called 'agentik_llm_opena' "
         "(did you mean 'agentik_llm_openai'?)",
     ]
-    assert make_plugins(env={"AGENTIK_LOAD_PLUGINS": "agentik,none"}).warnings == []
+    assert make_plugins(env={"AGENTIK_LOAD_PLUGINS": "agentik-runtime,none"}).warnings == []
 
 
 def test_a_disabled_backend_is_reported_as_disabled_by_its_variable(author_plugins):
     disabled = make_plugins(
-        env={"AGENTIK_LOAD_PLUGINS": "agentik", "AGENTIK_DISABLE_PLUGINS": "agentik_llm_litert"}
+        env={
+            "AGENTIK_LOAD_PLUGINS": "agentik-runtime",
+            "AGENTIK_DISABLE_PLUGINS": "agentik_llm_litert",
+        }
     )
     settings = load_settings(disabled, {"AGENTIK_LLM_BACKEND": "google"})
     with pytest.raises(
@@ -838,3 +870,23 @@ async def test_the_pytest_plugin_fixtures_run_a_plugin_like_an_author_would(
     assert turn.text == "You rolled."
     assert [m.kind for m in turn.history][-1] == "assistant"
     assert agent.state == {}  # the documented per-app place for plugin state starts empty
+
+
+async def test_the_fixtures_select_a_backend_by_name_and_it_can_wrap_the_script(
+    agentik_agent, scripted_llm
+):
+    """Issue #28 (9): agentik_agent ignored AGENTIK_LLM_BACKEND; the test's scripted LLM is now
+    also the backend ``scripted``, so a wrapping backend chosen by name wraps the script."""
+    from agentik.core.testing import run_turn
+
+    scripted_llm.steps = [["wrapped answer"]]
+    agent = await agentik_agent(
+        plugins=[("guard", Guarded())],
+        env={"AGENTIK_LLM_BACKEND": "guard", "GUARD_INNER_BACKEND": "scripted"},
+    )
+    assert agent.llm is scripted_llm and agent.llm.description == "guarded scripted"
+    assert (await run_turn(agent, "hi")).text == "wrapped answer"
+    with pytest.raises(
+        StartupError, match=r"AGENTIK_LLM_BACKEND='nope'.*available: guard, scripted"
+    ):
+        await agentik_agent(plugins=[("guard", Guarded())], env={"AGENTIK_LLM_BACKEND": "nope"})

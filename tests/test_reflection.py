@@ -107,6 +107,26 @@ async def test_reflections_are_scored_stored_and_prompted(aiohttp_client, fake, 
     )
 
 
+async def test_a_reflection_reaches_the_conversation_it_is_about(aiohttp_client, fake, tmp_path):
+    """Its weak spots are in the system prompt of that very conversation's next turn, not only
+    of conversations started later; the live conversation keeps its history."""
+    fake.default = Reviewer('{"score": 2, "weakSpots": ["answers too long"]}')
+    agent = await start(aiohttp_client, fake, tmp_path, AGENTIK_REFLECTION_INTERVAL="2")
+    conv = await agent.create_conversation()
+    await turns(agent, conv, ["message 0", "message 1"])  # reflected on after the second
+    assert HEADING not in fake.requests[-2]["messages"][0]["content"]
+    await turns(agent, conv, ["message 2"])
+    sent = fake.requests[-1]["messages"]
+    assert sent[0]["role"] == "system"
+    assert sent[0]["content"].endswith(f"{HEADING} (avoid repeating them):\n- answers too long")
+    assert [m["content"] for m in sent[1:] if m["role"] == "user"] == [
+        "message 0",
+        "message 1",
+        "message 2",
+    ]
+    assert conv.llm_builds == 1  # the openai backend swapped the system message
+
+
 async def test_a_reflection_never_blocks_a_turn_and_never_runs_twice(
     aiohttp_client, fake, tmp_path
 ):

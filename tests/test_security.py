@@ -37,6 +37,8 @@ TRANSPORTS = (
     "agentik_transport_http",
     "agentik_transport_a2a",
     "agentik_transport_agui",
+    "agentik_transport_openai",
+    "agentik_transport_mcp_server",
     "agentik_debug",
 )
 #: routes anyone may read: the health check and the A2A agent card (it declares the scheme)
@@ -82,7 +84,16 @@ async def test_every_route_of_every_transport_needs_a_key(aiohttp_client, tmp_pa
     cid = (await (await client.post("/agentik/conversations", headers=ok)).json())["id"]
     routes = concrete_routes(app, cid)
     assert ("GET", "/plugin/ping") in routes and ("GET", "/health") in routes
-    assert {("POST", "/a2a"), ("POST", "/agui"), ("POST", "/debug/{action}")} <= set(routes)
+    assert {
+        ("POST", "/a2a"),
+        ("POST", "/agui"),
+        ("POST", "/debug/{action}"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/models"),
+        ("POST", "/mcp"),
+        ("GET", "/mcp"),
+        ("DELETE", "/mcp"),
+    } <= set(routes)
     for method, path in routes:
         for headers in (
             {},

@@ -186,6 +186,83 @@ async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc
     assert proc2.stop() == 0
 
 
+CLOCK_BACK = """\
+import time
+_ns, _s = time.time_ns, time.time
+time.time_ns = lambda: _ns() - 3600 * 10**9
+time.time = lambda: _s() - 3600
+"""
+
+
+async def test_event_ids_grow_across_a_crash_and_a_clock_set_back(
+    serve, fake_openai_proc, tmp_path
+):
+    """Ids come from a counter kept in the database, not the clock: after kill -9 and a restart
+    an hour back in time, new ids are above the old ones; a client resuming with an old id gets
+    a Gap (its stream's tail is gone), and one with an id above any issued gets a Gap too,
+    never silence."""
+    env = openai_env(fake_openai_proc)
+    proc, base = serve(env)
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        old = [int(f["id"]) for f in await read_sse(events)]
+        events.close()
+    proc.stop(signal.SIGKILL)
+    (tmp_path / "clock").mkdir()
+    (tmp_path / "clock" / "sitecustomize.py").write_text(CLOCK_BACK)
+    _, base = serve({**env, "PYTHONPATH": str(tmp_path / "clock")})
+    async with aiohttp.ClientSession() as s:
+        resumed = await s.get(
+            f"{base}/agentik/conversations/{cid}/events", headers={"Last-Event-ID": str(old[-2])}
+        )
+        await post_message(s, base, cid)
+        frames = await read_sse(resumed)
+        resumed.close()
+        assert frames[0]["event"] == "Gap" and frames[0]["data"]["after"] == old[-2]
+        new = [int(f["id"]) for f in frames[1:]]
+        assert [f["event"] for f in frames][-1] == "End" and min(new) > max(old)
+        too_high = max(new) + 10**12
+        for header in (str(too_high), str(2**63 - 1)):
+            ahead = await s.get(
+                f"{base}/agentik/conversations/{cid}/events", headers={"Last-Event-ID": header}
+            )
+            (gap,) = await read_sse(ahead, until="Gap", timeout=5)
+            ahead.close()
+            assert gap["data"]["after"] == int(header) and int(gap["id"]) <= max(new)
+        agent_events = await s.get(
+            f"{base}/agentik/events", headers={"Last-Event-ID": str(too_high)}
+        )
+        (gap,) = await read_sse(agent_events, until="Gap", timeout=5)
+        agent_events.close()
+        assert gap["data"]["after"] == too_high
+
+
+async def test_a_second_server_on_the_same_database_stops_naming_the_first(
+    serve, fake_openai_proc, tmp_path
+):
+    """Two servers on one SQLite file would each close the other's running turns as cut off
+    by a restart and run its queued messages twice: the second stops at once, in one line."""
+    env = openai_env(fake_openai_proc)
+    first, base = serve(env)
+    second, _ = serve(env, wait=False)
+    assert second.proc.wait(30) == 2
+    lines = [line for line in second.output.splitlines() if "AGENTIK_DB_PATH" in line]
+    assert len(lines) == 1, second.output
+    assert f"in use by another process (pid {first.proc.pid})" in lines[0]
+    assert str(tmp_path / "agentik.db") in lines[0]
+    async with aiohttp.ClientSession() as s:  # the first goes on as if nothing happened
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        await post_message(s, base, cid)
+        assert (await read_sse(events))[-1]["event"] == "End"
+        events.close()
+    assert first.stop() == 0
+    third, _ = serve(env)  # and once it stopped, the file is free again
+    assert third.stop() == 0
+
+
 async def test_sigterm_mid_stream_exits_quickly_and_cleanly(serve, fake_openai_proc, tmp_path):
     proc, base = serve(openai_env(fake_openai_proc))
     await script_fake(fake_openai_proc, {"text": "slow " * 500, "delay": 0.05})

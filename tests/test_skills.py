@@ -527,20 +527,27 @@ async def test_a_slow_check_runs_off_the_event_loop(skills_dir, monkeypatch):
     assert scans and not any(scans)  # never on the loop's thread
 
 
-async def test_a_live_conversation_keeps_its_prompt_a_new_one_sees_the_change(
+async def test_a_change_reaches_a_live_conversation_at_its_next_turn(
     skills_dir, fake, tmp_path, aiohttp_client
 ):
-    """The documented decision: a live LLM conversation keeps the system prompt it was built
-    with; conversations built after a change (new, reloaded, reset after an error) see it."""
+    """The openai backend swaps the system message of the live conversation: the history stays,
+    nothing is rebuilt."""
     env = app_env(fake, tmp_path, AGENTIK_SKILLS_DIR=str(skills_dir), AGENTIK_SKILLS_RESCAN="0")
     client = await aiohttp_client(build_app(env))
     first = await new_conversation(client)
     await run_turn(client, first)
+    assert "late" not in system_prompt(fake.requests[-1])
     write(skills_dir / "late/SKILL.md", skill_md("late", "Added while it ran."))
     await run_turn(client, first, "again")
-    assert "late" not in system_prompt(fake.requests[-1])
-    await run_turn(client, await new_conversation(client))
+    sent = fake.requests[-1]["messages"]
     assert "- **late**: Added while it ran." in system_prompt(fake.requests[-1])
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert (await client.app[AGENT].get_conversation(first)).llm_builds == 1
+    await invoke(
+        client.app, "skill_save", name="saved", description="Saved by the model.", body="x"
+    )
+    await run_turn(client, first, "and again")
+    assert "- **saved**: Saved by the model." in system_prompt(fake.requests[-1])
 
 
 # --- banner and agentik plugins -----------------------------------------------------------

@@ -59,6 +59,24 @@ async def test_edits_are_picked_up_by_the_next_conversation(soul, fake, tmp_path
     assert system_prompt(fake.requests[-1]) == "You are Arthur.\n\n" + BASE_PROMPT
 
 
+async def test_an_edit_reaches_a_running_conversation_at_its_next_turn(
+    soul, fake, tmp_path, aiohttp_client
+):
+    client = await aiohttp_client(soul_app(app_env(fake, tmp_path, AGENTIK_SOUL=str(soul))))
+    cid = await new_conversation(client)
+    await run_turn(client, cid)
+    assert system_prompt(fake.requests[-1]).startswith("You are Marvin")
+    soul.write_text("You are Arthur.\n")
+    await run_turn(client, cid, "who are you now?")
+    assert system_prompt(fake.requests[-1]) == "You are Arthur.\n\n" + BASE_PROMPT
+    sent = fake.requests[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:]] == [
+        ("user", "hello"),
+        ("assistant", sent[2]["content"]),
+        ("user", "who are you now?"),
+    ]
+
+
 async def test_a_soul_that_becomes_unreadable_keeps_its_last_text(
     soul, fake, tmp_path, aiohttp_client, caplog
 ):

@@ -4,6 +4,7 @@ on real files read back with the sqlite3 module: WAL, fsyncs, the append-only lo
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from agentik.core.db import Database
+from agentik.core.db import Database, DatabaseInUse
 from agentik.core.llm import HistoryItem
 from agentik.core.store import SqliteStore, utcnow
 from agentik.core.turns import TurnState
@@ -130,7 +131,7 @@ def test_a_durable_write_needs_no_new_file_descriptor(tmp_path):
     fsynced through a descriptor opened at start-up, never opened by name after the commit."""
     script = f"""
 import asyncio, os, resource
-from agentik.core.db import Database
+from agentik.core.db import Database, DatabaseInUse
 from agentik.core.store import SqliteStore, utcnow
 from agentik.core.types import ConversationInfo, Message
 
@@ -231,3 +232,53 @@ async def test_a_database_from_before_the_turn_table_gets_its_turns(tmp_path):
     await store.open()
     assert len(await store.open_turns()) == 2
     await store.close()
+
+
+async def test_one_database_object_at_a_time_per_file_and_memory_is_exempt(tmp_path):
+    first = SqliteStore(Database(str(tmp_path / "one.db")))
+    await first.open()
+    second = SqliteStore(Database(str(tmp_path / "one.db")))
+    with pytest.raises(DatabaseInUse, match=rf"in use by another process \(pid {os.getpid()}\)"):
+        await second.open()
+    await first.close()  # released: now it opens
+    await second.open()
+    await second.close()
+    a, b = SqliteStore(Database(":memory:")), SqliteStore(Database(":memory:"))
+    await a.open()
+    await b.open()
+    await a.close()
+    await b.close()
+
+
+def test_the_lock_dies_with_its_process(tmp_path):
+    """kill -9 leaves no stale lock: the OS drops it with the process."""
+    path = tmp_path / "held.db"
+    script = f"""
+import asyncio, sys
+from agentik.core.db import Database
+from agentik.core.store import SqliteStore
+
+async def main():
+    await SqliteStore(Database({str(path)!r})).open()
+    print("open", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+
+        async def try_open() -> None:
+            store = SqliteStore(Database(str(path)))
+            await store.open()
+            await store.close()
+
+        with pytest.raises(DatabaseInUse, match=f"pid {holder.pid}"):
+            asyncio.run(try_open())
+        holder.kill()
+        holder.wait(10)
+        asyncio.run(try_open())
+    finally:
+        holder.kill()
+        holder.wait(10)

@@ -224,6 +224,7 @@ def crash(agent) -> None:
     """The process dies here: nothing more of this agent reaches the database."""
     agent.store.db.conn.close()
     agent.store.db._conn = None
+    agent.store.db._unlock()  # and the OS drops its lock on the file
     for conv in agent._live.values():
         conv.closed = True
     agent._closed = True

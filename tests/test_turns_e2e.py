@@ -168,7 +168,6 @@ async def test_kill_9_at_each_step_of_a_tool_loop_then_the_turn_completes(
             assert frames[-1]["data"]["text"]
         else:
             await wait_until(lambda: _requests_at_least(fake_openai_proc, len(done_before) + 1))
-        last_id = None
         stream.close()
         proc.stop(signal.SIGKILL)
         before = runs(tmp_path)

@@ -25,7 +25,7 @@ def guide_blocks() -> list[tuple[str, str, bool]]:
 def venv_with_agentik(tmp_path: Path) -> Path:
     venv, _ = throwaway_venv(tmp_path)
     py = venv / "bin" / "python"
-    # what `pip install agentik` would have put on PATH; pip works offline on what is here
+    # what installing agentik-runtime puts on PATH; pip works offline on what is here
     (venv / "bin" / "agentik").write_text(f'#!/bin/sh\nexec {py} -m agentik "$@"\n')
     (venv / "bin" / "pip").write_text(
         f'#!/bin/sh\nexec {py} -m pip "$@" -q --no-deps --no-build-isolation\n'
@@ -57,6 +57,9 @@ def test_the_guide_is_a_tutorial_that_runs(tmp_path):
     project.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    home = tmp_path / "home"  # the reader's home: the tutorial must not write into it
+    home.mkdir()
+    env["HOME"] = str(home)
     env.pop("VIRTUAL_ENV", None)
     output = ""
     ran = 0
@@ -84,3 +87,5 @@ def test_the_guide_is_a_tutorial_that_runs(tmp_path):
     assert ran >= 4
     # the last step installed the package for real: the entry point is what agentik loads
     assert (project / "setup.cfg").exists()
+    # issue #28: the in-memory try-out wrote notes into the reader's real ~/.agentik/memory
+    assert not (home / ".agentik").exists()

@@ -17,7 +17,8 @@ from typing import Any
 
 from agentik.core.conversation import ChatConversation, ConversationClosed, PromptSection
 from agentik.core.embedding import EmbeddingBackend
-from agentik.core.events import EventLog, StreamItem, unwrap
+from agentik.core.events import EventIds, EventLog, StreamItem, unwrap
+from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend, ToolCallRequest
 from agentik.core.memory import MemoryBackend
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every turn it ran
+EVENT_IDS = "event_ids"  # agent state: no event id above it was issued (persisted ahead of use)
+EVENT_ID_BLOCK = 1 << 16  # event ids reserved by one write of EVENT_IDS
 
 
 class ChatAgent:
@@ -55,6 +58,7 @@ class ChatAgent:
         resume_turns: bool = True,
         memory: MemoryBackend | None = None,
         embedding: EmbeddingBackend | None = None,
+        before_turn_timeout: float | None = None,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -71,6 +75,8 @@ class ChatAgent:
             (name, _takes_agent(render), render) for _, name, render in self.prompt_sections
         ]
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
+        #: seconds a turn waits for the ``before_turn`` awaitables (AGENTIK_BEFORE_TURN_TIMEOUT)
+        self.before_turn_timeout = before_turn_timeout
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
         #: plugins' per-app state, by plugin name (``agent.state.setdefault("my_plugin", …)``):
@@ -80,7 +86,10 @@ class ChatAgent:
         self._live: OrderedDict[str, ChatConversation] = OrderedDict()
         self._deleting: set[str] = set()
         self.max_live = max_live
-        self._events = EventLog(event_buffer)
+        #: the sequence ids of every event stream of this agent: they only grow, across restarts
+        self.event_ids = EventIds(refill=self._refill_event_ids)
+        self._event_mark = 0  # the EVENT_IDS persisted last
+        self._events = EventLog(event_buffer, self.event_ids)
         self.resume_queued = resume_queued
         self.resume_turns = resume_turns
         self._opened = self._closed = False
@@ -103,6 +112,7 @@ class ChatAgent:
         loaded until they are answered."""
         await self.store.open()
         self._opened = True
+        await self._open_event_ids()
         clean = await self.store.read_state(CLEAN_STOP) is not None
         await self.store.write_state(CLEAN_STOP, None)
         cut, heads = 0, set()
@@ -123,6 +133,23 @@ class ChatAgent:
         if cut:
             log.warning("closed %d turn(s) cut off by a restart", cut)
         return cut
+
+    async def _open_event_ids(self) -> None:
+        """Start the event counter above every id the last process may have issued."""
+        issued = int(await self.store.read_state(EVENT_IDS) or 0)
+        self.event_ids.high = max(self.event_ids.high, issued)
+        self._events = EventLog(self.event_buffer, self.event_ids)  # starts there
+        await self._reserve_event_ids(self.event_ids.high)
+
+    def _refill_event_ids(self, high: int) -> None:
+        self.jobs.spawn("reserve event ids", self._reserve_event_ids(high))
+
+    async def _reserve_event_ids(self, high: int) -> None:
+        """Persist a mark a block above ``high``: ids up to it need no write."""
+        mark = high + EVENT_ID_BLOCK
+        await self.store.write_state(EVENT_IDS, str(mark))
+        self._event_mark = mark
+        self.event_ids.reserved(mark, EVENT_ID_BLOCK)
 
     async def resume(self) -> int:
         """Take up the turns the last stop left to run, in order (called once the tools are
@@ -163,6 +190,8 @@ class ChatAgent:
             await conv.close()
         self._events.close()
         await self.jobs.close()
+        if self.event_ids.high > self._event_mark:  # a reservation cut by the shutdown
+            await self.store.write_state(EVENT_IDS, str(self.event_ids.high))
         if not self.unrecorded_ends:
             # every turn that ran has recorded its end: what is open at the next start is queued
             await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
@@ -314,7 +343,7 @@ class ChatAgent:
             except Exception:
                 log.exception("system prompt section %s failed; left out", name)
                 continue
-            if text:
+            if isinstance(text, str) and text:
                 parts.append(text.strip())
         return "\n\n".join(parts)
 
@@ -328,15 +357,40 @@ class ChatAgent:
         return [(plugin, r) for plugin, r in results if r is not None]
 
     async def before_turn(self, conv: ChatConversation, text: str) -> str:
+        """The blocks the ``before_turn`` hooks put before the user's text, in hook order. Their
+        awaitables run at once, for at most ``before_turn_timeout`` seconds: context enrichment
+        is best effort, so a failing or late plugin's block is left out, not the turn."""
+        results = self._call_each("before_turn", conv, text=text)
+        tasks = {
+            i: asyncio.ensure_future(r)
+            for i, (_, r) in enumerate(results)
+            if inspect.isawaitable(r)
+        }
+        late: set[asyncio.Future[Any]] = set()
+        try:
+            if tasks:
+                _, late = await asyncio.wait(tasks.values(), timeout=self.before_turn_timeout)
+        finally:
+            for running in tasks.values():
+                running.cancel()  # those still running: late, or the turn was interrupted
         blocks = []
-        # context enrichment is best effort: a failing plugin's block is left out, not the turn
-        for plugin, result in self._call_each("before_turn", conv, text=text):
-            if isinstance(result, Awaitable):
-                try:
-                    result = await result
-                except Exception:
-                    log.exception("before_turn of plugin %s failed in %s", plugin, conv.id)
+        for i, (plugin, result) in enumerate(results):
+            task = tasks.get(i)
+            if task is not None and task in late:
+                log.warning(
+                    "before_turn of plugin %s did not answer within %g s in %s "
+                    "(AGENTIK_BEFORE_TURN_TIMEOUT): the turn goes on without it",
+                    plugin,
+                    self.before_turn_timeout,
+                    conv.id,
+                )
+                continue
+            if task is not None:
+                error = task.exception()
+                if error is not None:
+                    log_failure(f"before_turn of plugin {plugin} in {conv.id}", error)
                     continue
+                result = task.result()
             if result:
                 blocks.append(str(result))
         return "\n\n".join(blocks)
@@ -352,9 +406,7 @@ class ChatAgent:
         outcomes = await asyncio.gather(*(r for _, r in pending), return_exceptions=True)
         for (plugin, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, Exception):
-                log.error(
-                    "before_compaction of plugin %s failed in %s", plugin, conv.id, exc_info=outcome
-                )
+                log_failure(f"before_compaction of plugin {plugin} in {conv.id}", outcome)
 
     def tool_gates(self, conv: ChatConversation, calls: list[ToolCallRequest]) -> tuple[Wait, ...]:
         """What the ``tool_call_gate`` hooks hold of a step's tool calls (one wait per call at

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
+import re
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,14 +26,21 @@ from agentik.core.agent import ChatAgent
 from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.embedding import EmbeddingBackend
+from agentik.core.failures import log_failure
 from agentik.core.listener import TroubleLog
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend, memory_off
-from agentik.core.plugins import PluginError, Plugins, call_impl, call_startup, make_plugins
+from agentik.core.plugins import (
+    PluginError,
+    Plugins,
+    call_impl,
+    call_startup,
+    make_plugins,
+)
 from agentik.core.plugins import StartupError as StartupError  # defined beside PluginError
 from agentik.core.registry import BackendError, BackendRegistry
 from agentik.core.responses import error_response
-from agentik.core.settings import Setting, Settings, SettingsError
+from agentik.core.settings import Setting, SettingPrefix, Settings, SettingsError
 from agentik.core.store import SqliteStore
 from agentik.core.tools import Tool, ToolRegistry
 
@@ -53,14 +62,20 @@ NO_LLM_HINT = (
 ON_DEVICE_LLM = "litert"
 
 
-def declared_settings(plugins: Plugins) -> list[Setting]:
-    """Every plugin's settings, each tagged with the plugin that declared it."""
-    declared: list[Setting] = []
+def declared_settings(plugins: Plugins) -> list[Setting | SettingPrefix]:
+    """Every plugin's settings (and the prefixes it claims), each tagged with the plugin that
+    declared it."""
+    declared: list[Setting | SettingPrefix] = []
     for impl in plugins.hook.register_settings.get_hookimpls():
 
-        def register(s: Setting, plugin: str = impl.plugin_name) -> None:
+        def register(s: Setting | SettingPrefix, plugin: str = impl.plugin_name) -> None:
+            if isinstance(s, SettingPrefix):
+                declared.append(SettingPrefix(s.prefix, plugin))
+                return
             if not isinstance(s, Setting):
-                raise TypeError(f"register() takes a Setting, not {type(s).__name__}")
+                raise TypeError(
+                    f"register() takes a Setting or a SettingPrefix, not {type(s).__name__}"
+                )
             declared.append(Setting(s.name, s.default, s.parse, s.help, s.secret, plugin))
 
         try:
@@ -104,6 +119,12 @@ def registries(plugins: Plugins, problems: list[str] | None = None) -> dict[str,
                 if problems is None:
                     raise error from e
                 problems.append(str(error))
+        # a name two plugins registered stops start-up only if it is the one selected
+        for line in reg.conflict_lines():
+            if problems is None:
+                log.warning("%s", line)
+            else:
+                problems.append(line)
     return out
 
 
@@ -137,17 +158,13 @@ def select_llm(
     regs = regs if regs is not None else registries(plugins)
     try:
         variable = "AGENTIK_LLM_BACKEND" if why is None else "the default AGENTIK_LLM_BACKEND"
-        llm = regs["llm"].create(name, settings, variable=variable)
+        llm: LLMBackend = regs["llm"].create(name, settings, variable=variable)
     except SettingsError as e:
         raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
     except BackendError as e:
         if why is not None and name == ON_DEVICE_LLM:  # the default is not installed here
             raise StartupError(f"no LLM is configured and {e}. {NO_LLM_HINT}") from e
         raise StartupError(str(e)) from e
-    if not isinstance(llm, LLMBackend):
-        raise StartupError(
-            f"LLM backend {name!r} did not return an LLMBackend (got {type(llm).__name__})"
-        )
     return llm
 
 
@@ -159,11 +176,11 @@ def select_embedding(
     name = settings["AGENTIK_EMBEDDING_BACKEND"]
     regs = regs if regs is not None else registries(plugins)
     try:
-        embedding = regs["embedding"].create(name, settings, variable="AGENTIK_EMBEDDING_BACKEND")
+        embedding: EmbeddingBackend = regs["embedding"].create(
+            name, settings, variable="AGENTIK_EMBEDDING_BACKEND"
+        )
     except (BackendError, SettingsError) as e:
         raise StartupError(str(e)) from e
-    if not isinstance(embedding, EmbeddingBackend):
-        raise StartupError(f"embedding backend {name!r} did not return an EmbeddingBackend")
     if not embedding.name:
         embedding.name = name
     return embedding
@@ -182,7 +199,7 @@ def select_memory(
     name = settings["AGENTIK_MEMORY_BACKEND"]
     regs = regs if regs is not None else registries(plugins)
     try:
-        memory = regs["memory"].create(
+        memory: MemoryBackend = regs["memory"].create(
             name, settings, variable="AGENTIK_MEMORY_BACKEND", provide=provide
         )
     except BackendError as e:
@@ -193,8 +210,6 @@ def select_memory(
         raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
     except SettingsError as e:
         raise StartupError(f"{e} (or off)" if "available:" in str(e) else str(e)) from e
-    if not isinstance(memory, MemoryBackend):
-        raise StartupError(f"memory backend {name!r} did not return a MemoryBackend")
     return memory
 
 
@@ -221,11 +236,53 @@ def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
 def collect_prompt_sections(plugins: Plugins, settings: Settings) -> list[PromptSection]:
     sections: list[PromptSection] = []
 
-    def register(name: str, render: Callable[..., str | None], order: int = 100) -> None:
-        sections.append((order, name, render))
+    def register_for(plugin: str) -> Callable[..., None]:
+        def register(name: str, render: Callable[..., str | None], order: int = 100) -> None:
+            if inspect.iscoroutinefunction(render) or not callable(render):
+                what = "`async def`" if callable(render) else f"a {type(render).__name__}"
+                raise TypeError(
+                    f"prompt section {name!r}: render is {what}; it must be a plain function "
+                    "that returns the section's text (or None)"
+                )
+            sections.append((order, name, checked_section(plugin, name, render)))
 
-    call_startup(plugins.hook.register_prompt_sections, register=register, settings=settings)
+        return register
+
+    call_startup(plugins.hook.register_prompt_sections, register_for, settings=settings)
     return sections
+
+
+def checked_section(plugin: str, name: str, render: Callable[..., Any]) -> Callable[..., Any]:
+    """``render`` as the agent calls it, ``render(agent)``: a section that raises or returns
+    anything but text or None is logged naming its plugin and left out of the prompt."""
+    takes_agent = takes_positional(render)
+    where = f"prompt section {name!r} of plugin {plugin}"
+
+    def section(agent: ChatAgent) -> str | None:
+        try:
+            text = render(agent) if takes_agent else render()
+        except Exception as e:
+            log_failure(f"{where} (left out)", e)
+            return None
+        if text is None or isinstance(text, str):
+            return text
+        if inspect.iscoroutine(text):
+            text.close()  # never awaited: no "was never awaited" warning
+        log.error("%s returned %s, not text; it is left out", where, type(text).__name__)
+        return None
+
+    return section
+
+
+def takes_positional(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a positional argument (a prompt section's ``render(agent)``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called without one
+        return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+    )
 
 
 def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = None) -> ChatAgent:
@@ -255,6 +312,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         tools=tools,
         prompt_sections=collect_prompt_sections(plugins, settings),
         hooks=plugins.hook,
+        before_turn_timeout=settings["AGENTIK_BEFORE_TURN_TIMEOUT"],
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
@@ -337,6 +395,7 @@ def create_app(
 ) -> web.Application:
     """Build the server. ``llm`` overrides the selected backend (tests, embedding)."""
     plugins = plugins if plugins is not None else make_plugins(env=env)
+    plugins.report()
     settings = settings if settings is not None else load_settings(plugins, env)
     agent = build_agent(plugins, settings, llm)
     trouble = TroubleLog()
@@ -354,14 +413,70 @@ def create_app(
     app[PLUGINS] = plugins
     app[TROUBLE] = trouble
     app.router.add_get("/health", health)
-    call_startup(
-        plugins.hook.register_transports,
-        register=lambda name, setup: setup(app, agent, settings),
-    )
+    routes = RouteOwners(app)
+    routes.claim("the core")
+
+    def transports_for(plugin: str) -> Callable[..., None]:
+        def register(name: str, setup: Callable[..., Any]) -> None:
+            with routes.checking(f"plugin {plugin}"):
+                setup(app, agent, settings)
+            routes.claim(f"plugin {plugin}")
+
+        return register
+
+    call_startup(plugins.hook.register_transports, transports_for)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     app.on_cleanup.append(_stop_counting)
     return app
+
+
+class RouteOwners:
+    """Who added each route (method and path, sub-applications included): a transport that
+    adds one another has already (``GET /health``) would shadow it or be shadowed, silently,
+    so start-up stops naming both."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.owners: dict[tuple[str, str], tuple[int, str]] = {}
+
+    def claim(self, owner: str) -> None:
+        for method, path, route in _routes(self.app.router):
+            first = self.owners.setdefault((method, path), (id(route), owner))
+            if first[0] != id(route):
+                self._clash(owner, method, path)
+
+    @contextlib.contextmanager
+    def checking(self, owner: str) -> Iterator[None]:
+        """aiohttp refuses a duplicate of the route added last itself, naming no path: that
+        error becomes the one line naming both owners (other duplicates: :meth:`claim`)."""
+        try:
+            yield
+        except RuntimeError as e:
+            refused = re.match(r"Added route will never be executed, method (\w+) is", str(e))
+            resources = list(self.app.router.resources())
+            if refused and resources:
+                self._clash(owner, refused.group(1), resources[-1].canonical)
+            raise
+
+    def _clash(self, owner: str, method: str, path: str) -> None:
+        if method == "HEAD" and ("GET", path) in self.owners:  # add_get adds HEAD first
+            method = "GET"
+        first = self.owners[(method, path)][1]
+        raise StartupError(
+            f"{owner} adds the route {method} {path}, which {first} has already; one would "
+            "hide the other (use another path)"
+        )
+
+
+def _routes(router: web.UrlDispatcher) -> list[tuple[str, str, Any]]:
+    out = []
+    for resource in router.resources():
+        if isinstance(resource, web.PrefixedSubAppResource):  # its routes carry the prefix
+            out += _routes(resource.get_info()["app"].router)
+            continue
+        out += [(route.method, resource.canonical, route) for route in resource]
+    return out
 
 
 async def _stop_counting(app: web.Application) -> None:
@@ -423,19 +538,19 @@ async def _start_services(
     stack: contextlib.AsyncExitStack, agent: ChatAgent, plugins: Plugins, settings: Settings
 ) -> None:
     services: list[tuple[str, str, Callable[[], contextlib.AbstractAsyncContextManager[Any]]]] = []
-    caller = plugins.hook.register_services
-    for impl in caller.get_hookimpls():
 
-        def register(name: str, context: Any, plugin: str = impl.plugin_name) -> None:
-            services.append((plugin, name, context))
+    def register_for(plugin: str) -> Callable[..., None]:
+        return lambda name, context: services.append((plugin, name, context))
 
-        try:
-            call_impl(caller, impl, {"register": register, "agent": agent, "settings": settings})
-        except Exception as e:
-            raise PluginError(impl.plugin_name, "register_services", e) from e
+    call_startup(plugins.hook.register_services, register_for, agent=agent, settings=settings)
+    limit = settings["AGENTIK_SERVICE_START_TIMEOUT"]
     for plugin, name, context in services:
         try:
-            await stack.enter_async_context(context())
+            async with asyncio.timeout(limit):
+                await stack.enter_async_context(context())
+        except TimeoutError as e:
+            late = TimeoutError(f"not started within {limit:g} s (AGENTIK_SERVICE_START_TIMEOUT)")
+            raise PluginError(plugin, f"starting service {name!r}", late) from e
         except Exception as e:
             raise PluginError(plugin, f"starting service {name!r}", e) from e
 
@@ -467,15 +582,21 @@ async def _start_memory(
 
 
 def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
-    def register(
-        name: str, run: Callable[[], Awaitable[Any]], interval: float | None = None
-    ) -> None:
-        if interval is None:
-            agent.jobs.spawn(name, run())
-        else:
-            agent.jobs.every(name, interval, run)
+    def register_for(plugin: str) -> Callable[..., None]:
+        def register(
+            name: str, run: Callable[[], Awaitable[Any]], interval: float | None = None
+        ) -> None:
+            if not callable(run):
+                raise TypeError(f"job {name!r}: run must be callable, not {type(run).__name__}")
+            job = f"job {name!r} of plugin {plugin}"  # what its failures are logged as
+            if interval is None:
+                agent.jobs.spawn_call(job, run)
+            else:
+                agent.jobs.every(job, interval, run)
 
-    call_startup(plugins.hook.register_jobs, register=register, agent=agent, settings=settings)
+        return register
+
+    call_startup(plugins.hook.register_jobs, register_for, agent=agent, settings=settings)
 
 
 async def _end_streams(app: web.Application) -> None:

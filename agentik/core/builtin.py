@@ -108,6 +108,19 @@ CORE_SETTINGS = (
         "Seconds an in-agent tool call may take before the model gets an error result.",
     ),
     Setting(
+        "AGENTIK_BEFORE_TURN_TIMEOUT",
+        10.0,
+        parse_positive_float,
+        "Seconds a turn waits for the plugins' before_turn work (memory prefetch); one that is "
+        "later is left out of that turn, with a warning naming its plugin.",
+    ),
+    Setting(
+        "AGENTIK_SERVICE_START_TIMEOUT",
+        120.0,
+        parse_positive_float,
+        "Seconds a plugin's service may take to start before start-up stops naming it.",
+    ),
+    Setting(
         "AGENTIK_LIVE_CONVERSATIONS",
         256,
         parse_positive_int,

@@ -44,6 +44,11 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
     serve = sub.add_parser("serve", help="start the server (configured by AGENTIK_* variables)")
     serve.add_argument("--host", help="override AGENTIK_HOST")
     serve.add_argument("--port", type=_port, help="override AGENTIK_PORT")
+    serve.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart when a plugin's source changes (AGENTIK_PLUGINS_DIR, installed plugins)",
+    )
     listing = sub.add_parser("plugins", help="list plugins, their settings and what is active")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument(
@@ -51,6 +56,12 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
         action="store_true",
         help="print every declared setting as a Markdown table (for docs)",
     )
+    listing_sub = listing.add_subparsers(dest="plugins_command", metavar="new")
+    new = listing_sub.add_parser(
+        "new", help="write a new plugin distribution (pyproject, module, test, CI) to start from"
+    )
+    new.add_argument("name", help="the plugin's name, e.g. heartbeat (-> agentik-heartbeat)")
+    new.add_argument("--dir", default=".", help="where to write it (default: %(default)s)")
     chat = sub.add_parser("chat", help="chat with a running agentik in this terminal")
     chat.add_argument(
         "--url", default="http://localhost:8080", help="the server (default: %(default)s)"
@@ -79,13 +90,35 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
 
         return chat_command(args.url, args.key, args.conversation, args.new)
     if args.command == "serve":
+        if args.reload:
+            from agentik.core.reload import serve_with_reload
+
+            try:
+                return serve_with_reload(args.host, args.port, os.environ)
+            except Exception as e:  # an invalid AGENTIK_PLUGINS_DIR, …
+                return fail(str(e), e)
         return serve_command(args.host, args.port)
     if args.command == "plugins":
+        if args.plugins_command == "new":
+            return new_plugin_command(args.name, args.dir)
         if args.settings_table:
             print(settings_table())
             return 0
         return plugins_command(args.json)
     parser.print_help()
+    return 0
+
+
+def new_plugin_command(name: str, folder: str) -> int:
+    from pathlib import Path
+
+    from agentik.core.template import new_plugin
+
+    try:
+        made = new_plugin(name, Path(folder))
+    except (ValueError, OSError) as e:
+        return fail(str(e))
+    print(f"wrote {made}/: cd {made} && pip install -e '.[test]' && python -m pytest -q")
     return 0
 
 
@@ -150,23 +183,20 @@ def _bootstrap() -> tuple[Plugins, Settings]:
 
 def serve_command(host: str | None, port: int | None) -> int:
     from agentik.core.app import StartupError, create_app
-    from agentik.core.plugins import PluginError
     from agentik.core.registry import BackendError
     from agentik.core.security import bind_host
     from agentik.core.settings import SettingsError, undeclared_variables
 
     try:
         plugins, settings = _bootstrap()
-    except (SettingsError, PluginError) as e:
+    except (SettingsError, StartupError) as e:
         return fail(str(e), e)
     logging.basicConfig(
         level=settings["AGENTIK_LOG_LEVEL"].upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for info in plugins.infos.values():
-        if info.status == "failed":
-            log.warning("plugin %s failed to load: %s", info.name, info.error)
-    for warning in [*plugins.warnings, *undeclared_variables(settings.declared)]:
+    plugins.report()
+    for warning in undeclared_variables(settings.declared, prefixes=settings.prefixes):
         log.warning("%s", warning)
     try:
         host = bind_host(settings, host)
@@ -268,9 +298,8 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
     if not keys and not is_loopback(host):
         log.warning("listening on %s without an API key (AGENTIK_ALLOW_UNAUTHENTICATED=1)", host)
     lines: list[str] = []
-    for result in plugins.hook.banner_lines(agent=agent, settings=settings):
-        for line in result or ():
-            (endpoints if line.startswith(" ") else lines).append(line)
+    for line in plugin_banner_lines(plugins, agent, settings):
+        (endpoints if line.startswith(" ") else lines).append(line)
     endpoints += unannounced_routes(app, endpoints)
     stats = await agent.store.token_stats()
     convs = await agent.store.count_conversations()
@@ -285,6 +314,28 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
         + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
         f"  tokens: {convs} convs, {stats.turns} turns, {token_counts(stats)}",
     ]
+
+
+def plugin_banner_lines(plugins: Plugins, agent: Any, settings: Settings) -> list[str]:
+    """Every plugin's ``banner_lines``; one that raises or returns anything but a list of
+    strings is logged naming its plugin, its lines are skipped, and start-up goes on."""
+    from agentik.core.plugins import call_each
+
+    out: list[str] = []
+    for plugin, result in call_each(plugins.hook.banner_lines, agent=agent, settings=settings):
+        if result is None:
+            continue
+        if isinstance(result, list | tuple) and all(isinstance(x, str) for x in result):
+            out += result
+            continue
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: no "was never awaited" warning
+        log.error(
+            "banner_lines of plugin %s returned %s, not a list of strings; its lines are skipped",
+            plugin,
+            type(result).__name__,
+        )
+    return out
 
 
 def unannounced_routes(app: web.Application, announced: list[str]) -> list[str]:
@@ -324,26 +375,37 @@ def token_counts(stats: TokenStats) -> str:
 def plugins_command(as_json: bool) -> int:
     """Always runs, whatever is wrong: a conflict or a failing plugin is shown, not raised."""
     from agentik.core.app import declared_settings, llm_choice, registries
-    from agentik.core.plugins import PluginError, make_plugins
-    from agentik.core.settings import Settings, SettingsError, undeclared_variables
+    from agentik.core.plugins import PluginError, StartupError, make_plugins
+    from agentik.core.settings import (
+        Setting,
+        SettingPrefix,
+        Settings,
+        SettingsError,
+        undeclared_variables,
+    )
 
     try:
         plugins = make_plugins()
-    except (PluginError, SettingsError) as e:  # strict mode, or an invalid plugin switch
+    except (StartupError, SettingsError) as e:  # strict mode, or an invalid plugin switch
         return fail(str(e), e)
     problems = list(plugins.warnings)
     regs = registries(plugins, problems)
     try:
-        declared = declared_settings(plugins)
+        items = declared_settings(plugins)
     except PluginError as e:
         problems.append(str(e))
-        declared = []
+        items = []
+    declared = [s for s in items if isinstance(s, Setting)]
+    prefixes = {
+        "AGENTIK_": None,
+        **{p.prefix: p.plugin for p in items if isinstance(p, SettingPrefix)},
+    }
     try:
         settings: dict[str, Any] = dict(Settings(declared))
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
-    problems += undeclared_variables(s.name for s in declared)
+    problems += undeclared_variables((s.name for s in declared), prefixes=prefixes)
     llm, why = llm_choice(Settings(declared)) if not invalid else (None, None)
     selected = {
         "llm": llm,
@@ -467,9 +529,10 @@ def settings_table() -> str:
     """The README's configuration table, generated from what the plugins declare."""
     from agentik.core.app import declared_settings
     from agentik.core.plugins import make_plugins
+    from agentik.core.settings import Setting
 
     rows = ["| Variable | Default | Plugin | Meaning |", "|---|---|---|---|"]
-    declared = declared_settings(make_plugins(env={}))
+    declared = [s for s in declared_settings(make_plugins(env={})) if isinstance(s, Setting)]
     plugins: dict[str, list[str]] = {}  # a variable shared on purpose: one row, every plugin
     for s in declared:
         plugins.setdefault(s.name, []).append(str(s.plugin))

@@ -15,6 +15,7 @@ from agentik.core.context import (
     Compaction,
     compaction_cut,
     context_tokens,
+    estimate_tokens,
     inputs_tokens,
 )
 from agentik.core.llm import (
@@ -27,6 +28,7 @@ from agentik.core.llm import (
     TextDelta,
     ToolCallRequest,
     Usage,
+    usage_problem,
 )
 from agentik.core.records import new_id, utcnow
 from agentik.core.types import Compacted, Message
@@ -41,6 +43,7 @@ class ContextKeeper:
     def __init__(self, conv: ChatConversation) -> None:
         self.conv = conv
         self.llm: LLMConversation | None = None  # None: built from working memory when needed
+        self.prompt = ""  # the system prompt the live conversation has
         self.stale = False  # memory was compacted: rebuild before the next turn
         #: running estimate of the live context in tokens (None: none is built)
         self.tokens: int | None = None
@@ -58,6 +61,7 @@ class ContextKeeper:
                 agent.tools.specs(),
             )
             self.llm = agent.llm.create_conversation(prompt, items, specs)
+            self.prompt = prompt
             self.tokens = context_tokens(prompt, items, specs)  # the only full scan
             self.stale = False
             self.builds += 1
@@ -76,10 +80,26 @@ class ContextKeeper:
                 )
 
     async def prepare(self) -> None:
-        """Before a turn: rebuild from memory compacted since the last one, and build."""
+        """Before a turn: rebuild from memory compacted since the last one, give the live
+        conversation the system prompt as its sections render now (a reflection, a persona
+        edit, a skill saved since it was built), and build."""
         if self.stale:
             await self.reset()
+        elif self.llm is not None:
+            await self._update_prompt(self.llm)
         await self.live()
+
+    async def _update_prompt(self, llm: LLMConversation) -> None:
+        """Through the backend when it can swap the prompt, else by a rebuild."""
+        prompt = self.conv.agent.system_prompt()
+        if prompt == self.prompt:
+            return
+        if not await llm.set_system_prompt(prompt):
+            await self.reset()  # live() builds it again with the new prompt
+            return
+        if self.tokens is not None:
+            self.tokens += estimate_tokens(prompt) - estimate_tokens(self.prompt)
+        self.prompt = prompt
 
     async def stream(self, inputs: Sequence[LLMInput], first: bool) -> AsyncIterator[LLMChunk]:
         """One send of a turn (``first``: its first): a compaction first when a plugin asks
@@ -101,6 +121,9 @@ class ContextKeeper:
                     elif isinstance(chunk, ToolCallRequest):
                         chars += len(chunk.name) + len(chunk.args_json)
                     elif isinstance(chunk, Usage):
+                        if (problem := usage_problem(chunk)) is not None:
+                            self.bad_usage(problem)
+                            continue  # left out: the step's counts are unknown
                         usage = chunk
                     yield chunk
             except LLMError as e:
@@ -116,6 +139,15 @@ class ContextKeeper:
             self.tokens = usage.input_tokens + (usage.output_tokens or 0)
         elif self.tokens is not None:
             self.tokens += inputs_tokens(inputs) + chars // 4 + MESSAGE_TOKENS
+
+    def bad_usage(self, problem: str) -> None:
+        llm = self.conv.agent.llm
+        log.warning(
+            "LLM backend %s reported token counts that break the Usage contract: %s; the turn's "
+            "counts are recorded as unknown (docs/writing_plugins.md, Tokens)",
+            llm.description or type(llm).__name__,
+            problem,
+        )
 
     async def _compact_before_send(self, inputs: Sequence[LLMInput], forced: bool) -> bool:
         """Ask the ``compact_context`` hook whether to compact before this send (or, ``forced``,

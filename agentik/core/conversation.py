@@ -43,7 +43,7 @@ class ChatConversation(ConversationEvents):
         self.created_at = info.created_at
         self.updated_at = info.updated_at
         self.store: Store = agent.temp_store if info.is_temporal else agent.store
-        self.log = EventLog(agent.event_buffer)
+        self.log = EventLog(agent.event_buffer, agent.event_ids)
         self.inbox = Inbox(self, open_turns)
         self.runner = TurnRunner(self)
         self.context = ContextKeeper(self)

@@ -12,6 +12,12 @@ a process crash. With ``durable=True`` the WAL is also fsynced before it returns
 power loss; it is used for what a client was promised, the acknowledged user message. A later
 write that a power loss takes is recovered like a crash (the turn gets an Error record).
 
+One process per database file: :meth:`Database.open` takes an exclusive OS lock on
+``<db>.lock`` (``flock``) and holds it until :meth:`Database.close`. Two processes on one file
+would each believe the other's running turns were cut off by a crash and run queued messages
+twice; the second stops instead, naming the holder's pid. The OS drops the lock when its
+process ends, however it ends, so no stale lock survives a crash. ``:memory:`` is exempt.
+
 Group commit: durable writes that commit while an fsync runs share the next one, so 500
 simultaneous sends cost a handful of fsyncs, not 500 in a row. The WAL file is fsynced through
 a descriptor opened once: a durable write never needs a new file descriptor, so it cannot
@@ -33,6 +39,11 @@ from typing import Any, TypeVar
 
 import peewee
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, no lock
+    fcntl = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -43,6 +54,10 @@ PRAGMAS = {
     "cache_size": -16000,
     "busy_timeout": 10000,
 }
+
+
+class DatabaseInUse(Exception):
+    """Another process holds the database file (its lock file names the pid)."""
 
 
 def _inode(path: str) -> int | None:
@@ -63,6 +78,7 @@ class Database:
         self._wal_fd: int | None = None
         self._next_sync: asyncio.Future[None] | None = None  # the fsync new commits wait for
         self._syncing: asyncio.Future[None] | None = None  # the fsync running on the thread
+        self._lock_fd: int | None = None  # <db>.lock, locked while the database is open
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -131,7 +147,43 @@ class Database:
             fd = self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
         os.fsync(fd)
 
+    def _lock(self) -> None:
+        """Take ``<db>.lock`` (see the module's doc) or raise :class:`DatabaseInUse`."""
+        if self.path == ":memory:" or fcntl is None:
+            return
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DatabaseInUse(
+                f"it is in use by another process (pid {holder}); one process per SQLite "
+                "database: stop that one or give this one another AGENTIK_DB_PATH"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the lock
+            self._lock_fd = None
+
     async def open(self, models: list[type[peewee.Model]]) -> None:
+        self._lock()
+        try:
+            self._open(models)
+        except BaseException:
+            if not self.db.is_closed():
+                self.db.close()
+            self._unlock()
+            raise
+
+    def _open(self, models: list[type[peewee.Model]]) -> None:
         self.db.connect()
         self.db.bind(models)
         self.db.create_tables(models, safe=True)
@@ -158,3 +210,4 @@ class Database:
         if self._wal_fd is not None:
             os.close(self._wal_fd)
             self._wal_fd = None
+        self._unlock()  # last: the next process finds the database closed and checkpointed

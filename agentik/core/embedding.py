@@ -28,6 +28,9 @@ class EmbeddingBackend(abc.ABC):
     #: the backend's registered name and the model it runs, for the banner
     name: str = ""
     model: str = ""
+    #: the variables that choose the model (and so the dimension), named when stored vectors
+    #: were made by another: ``("AGENTIK_EMBEDDING_MODEL", "AGENTIK_EMBEDDING_DIMENSION")``
+    model_settings: tuple[str, ...] = ()
 
     @property
     @abc.abstractmethod

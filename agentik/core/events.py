@@ -5,18 +5,19 @@ slow reader cannot block a turn or the other readers. Each reader keeps its own 
 that falls further behind than the buffer holds gets a :class:`~agentik.core.types.Gap` item
 and goes on from the oldest buffered event; it fills the gap from history.
 
-Sequence ids start at the log's creation time in microseconds, so ids from an earlier log of the
-same stream (before a restart, or before an idle conversation was dropped from memory) are
-smaller than any id of this one, and a client resuming with one is replayed everything this log
-still holds.
+Sequence ids come from one :class:`EventIds` counter per agent that only grows, across restarts
+too (the agent keeps its high-water mark in the store, ahead of use), never from the clock. A
+new log starts above every id any log issued, so an id from an earlier log of the same stream
+(before a restart, or before an idle conversation was dropped from memory) is smaller than any
+id of this one: its reader gets a ``Gap`` and everything this log still holds. So does a reader
+with an id above the highest issued (another server's, or a corrupted one): never silence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from itertools import islice
 from typing import Any
 
@@ -72,12 +73,41 @@ async def one_turn(
         await batches.aclose()
 
 
-class EventLog:
-    _high_water = 0  # the highest id any log of this process issued
+class EventIds:
+    """The sequence ids of one agent's event logs: a counter that only grows.
 
-    def __init__(self, maxlen: int = 1024) -> None:
+    ``high`` is the highest id any log issued. A log counts on from its own last id and raises
+    ``high``; a new log starts at ``high``, above everything issued before. For ids to grow
+    across restarts too, the owner persists a mark ahead of use (:meth:`reserved`) and starts
+    the next process's counter there: a publish does no I/O, and when ``high`` comes within
+    half a block of the mark, ``refill`` (the owner's) is called once to persist a further
+    one."""
+
+    __slots__ = ("high", "refill", "refill_at")
+
+    def __init__(self, issued: int = 0, refill: Callable[[int], None] | None = None) -> None:
+        self.high = issued
+        #: called with ``high`` when the persisted mark is near; it calls :meth:`reserved`
+        self.refill = refill
+        self.refill_at = float("inf")  # no mark persisted: nothing to refill
+
+    def reserved(self, mark: int, block: int) -> None:
+        """Ids up to ``mark`` are persisted as used: ask for more half a block before it."""
+        self.refill_at = mark - block // 2
+
+    def near_mark(self) -> None:
+        """``high`` reached ``refill_at``: ask the owner for the next mark, once."""
+        self.refill_at = float("inf")  # until the owner persisted the next mark
+        if self.refill is not None:
+            self.refill(self.high)
+
+
+class EventLog:
+    def __init__(self, maxlen: int = 1024, ids: EventIds | None = None) -> None:
         self._items: deque[StreamItem] = deque(maxlen=maxlen)
-        self._base = self._seq = max(time.time_ns() // 1000, EventLog._high_water + 1)
+        #: the agent's counter, shared by its logs (none given: a counter of its own)
+        self._ids = ids = ids if ids is not None else EventIds()
+        self._seq = ids.high
         self.readers = 0
         self._waiters: list[asyncio.Future[None]] = []  # one per reader waiting for news
         self._closed = False
@@ -91,12 +121,15 @@ class EventLog:
         return self._closed
 
     def publish(self, event: Event, turn_id: str | None = None) -> int:
-        self._seq += 1
-        if self._seq > EventLog._high_water:
-            EventLog._high_water = self._seq
-        self._items.append(StreamItem(self._seq, event, turn_id))
+        seq = self._seq = self._seq + 1
+        ids = self._ids
+        if seq > ids.high:
+            ids.high = seq
+            if seq >= ids.refill_at:
+                ids.near_mark()
+        self._items.append(StreamItem(seq, event, turn_id))
         self._wake()
-        return self._seq
+        return seq
 
     def close(self) -> None:
         """End every reader (shutdown, deleted conversation)."""
@@ -116,11 +149,16 @@ class EventLog:
         if cursor < first - 1:
             # evicted from the buffer, or an id of an earlier log (before a restart or an
             # eviction): say what was lost, then replay all we hold
-            return [StreamItem(first - 1, Gap(cursor)), *self._items]
+            return self._gap(cursor)
         # the new items are at the right end: walk from there, not across the whole buffer
         newest = list(islice(reversed(self._items), self._seq - cursor))
         newest.reverse()
         return newest
+
+    def _gap(self, cursor: int) -> list[StreamItem]:
+        """A ``Gap`` after ``cursor``, then everything the buffer holds."""
+        first = self._items[0].seq if self._items else self._seq + 1
+        return [StreamItem(first - 1, Gap(cursor)), *self._items]
 
     def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """Yield events published after ``after`` (None: from now on) until the log closes."""
@@ -133,11 +171,14 @@ class EventLog:
         gets the events published meanwhile in one list (one socket write for SSE). With
         ``linger`` (seconds) it waits that long after news before collecting it."""
         cursor = self._seq if after is None else after
-        if cursor > self._seq:
-            cursor = self._seq  # an id this log never issued
         loop = asyncio.get_running_loop()
         self.readers += 1
         try:
+            if cursor > self._seq:
+                # an id above the highest issued (not ours): what it missed is unknown
+                batch = self._gap(cursor)
+                yield batch
+                cursor = batch[-1].seq
             while True:
                 batch = self._pending(cursor)
                 if batch:

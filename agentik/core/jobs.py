@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from agentik.core.failures import log_failure
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +37,29 @@ class JobRunner:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def spawn_call(self, name: str, run: Callable[[], Awaitable[Any]]) -> None:
+        """:meth:`spawn` what ``run()`` returns; ``run`` raising at once is logged like a job
+        that fails later."""
+        try:
+            work = run()
+        except Exception as e:
+            log_failure(name, e, log)
+            return
+        self.spawn(name, work)
+
     def every(self, name: str, interval: float, run: Callable[[], Awaitable[Any]]) -> None:
-        """Call ``run()`` every ``interval`` seconds, the first time after one interval."""
+        """Call ``run()`` every ``interval`` seconds, the first time after one interval. A run
+        that fails (``run`` itself raising included) is logged, and the next one comes."""
 
         async def loop() -> None:
             while True:
                 await asyncio.sleep(interval)
-                await self._guard(name, run())
+                try:
+                    work = run()
+                except Exception as e:
+                    log_failure(name, e, log)
+                    continue
+                await self._guard(name, work)
 
         if not self._closed:
             self._periodic.add(asyncio.ensure_future(loop()))
@@ -48,11 +67,13 @@ class JobRunner:
     @staticmethod
     async def _guard(name: str, work: Awaitable[Any]) -> Any:
         try:
+            if not inspect.isawaitable(work):
+                raise TypeError(f"it returned {type(work).__name__}, not an awaitable")
             return await work
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("background job %s failed", name)
+        except Exception as e:
+            log_failure(name, e, log)
             return None
 
     async def wait_idle(self) -> None:

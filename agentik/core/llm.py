@@ -2,7 +2,9 @@
 
 A backend makes long-lived :class:`LLMConversation` objects. The turn engine creates one per
 chat from working memory on the first send and reuses it for later turns (so a backend can keep
-a KV cache); it is dropped and rebuilt after an error, an interrupt, a restart or a compaction.
+a KV cache); it is dropped and rebuilt after an error, an interrupt, a restart or a compaction,
+and when the system prompt changed and the backend cannot swap it in
+(:meth:`LLMConversation.set_system_prompt`).
 
 Each step of a turn is one call to :meth:`LLMConversation.stream` with the new inputs (the
 user's text, or the results of the tool calls the model asked for). The conversation keeps its
@@ -80,11 +82,31 @@ class ToolCallRequest:
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token counts of one step, when the backend knows them; ``estimated`` when the backend
-    guessed them (e.g. from the characters sent and received) because the endpoint sent none."""
+    guessed them (e.g. from the characters sent and received) because the endpoint sent none.
+
+    ``input_tokens``: the whole context the model read for this step (system prompt, history,
+    tools and the step's new input: OpenAI's ``prompt_tokens``), so it never shrinks from one
+    step of a turn to the next; ``output_tokens``: what the model generated in this step. Each
+    is a whole number, 0 or more, or None when unknown. The turn's record gets ``input`` = the
+    first step's input and ``output`` = the growth of the context over the turn (the last
+    step's input + output - the first step's input). Counts that break this are refused with
+    a warning naming the backend, and the turn's counts are recorded as unknown."""
 
     input_tokens: int | None
     output_tokens: int | None
     estimated: bool = False
+
+
+def usage_problem(usage: Usage) -> str | None:
+    """What breaks the :class:`Usage` contract in one step's counts (``"input_tokens=-3"``), or
+    None."""
+    for name in ("input_tokens", "output_tokens"):
+        value = getattr(usage, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            return f"{name}={value!r} (a whole number, 0 or more, or None)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +169,13 @@ class LLMConversation(abc.ABC):
         ``inputs`` may be empty: the conversation was just built from working memory that
         already ends with this step's tool results (a compaction in the middle of a tool loop),
         and the model answers them."""
+
+    async def set_system_prompt(self, system_prompt: str) -> bool:
+        """Replace the system prompt, keeping the history (a prompt section changed since the
+        conversation was built: a reflection, an edited persona, a skill saved). Return False
+        when the backend cannot (the default): the turn engine then builds a new conversation
+        from working memory instead. Called between turns only."""
+        return False
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release what the conversation holds (a KV cache, a native handle)."""

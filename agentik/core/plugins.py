@@ -20,7 +20,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from pluggy import HookCaller, HookImpl, Result
 from agentik import hookspecs
 from agentik.core import builtin
 from agentik.core.errors import BackendError, PluginError, StartupError
+from agentik.core.failures import log_failure, one_line
 from agentik.core.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -55,21 +56,27 @@ def call_each(caller: HookCaller, where: str = "", **kwargs: Any) -> list[tuple[
     for impl in caller.get_hookimpls():
         try:
             out.append((impl.plugin_name, call_impl(caller, impl, kwargs)))
-        except Exception:
-            log.exception("%s of plugin %s failed%s", caller.name, impl.plugin_name, where)
+        except Exception as e:
+            log_failure(f"{caller.name} of plugin {impl.plugin_name}{where}", e)
     return out
 
 
-def call_startup(caller: HookCaller, **kwargs: Any) -> None:
+def call_startup(
+    caller: HookCaller, register_for: Callable[[str], Any] | None = None, **kwargs: Any
+) -> None:
     """Call every implementation in registration order at start-up; the first that raises stops
     start-up with a :class:`PluginError` naming its plugin and the hook. Errors that already
-    say what is wrong (an invalid setting, a backend conflict) go through as they are."""
+    say what is wrong (an invalid setting, a backend conflict) go through as they are.
+
+    ``register_for(plugin)``: the ``register`` callable each implementation gets, made for its
+    plugin (so what it registers knows where it came from)."""
     from agentik.core.settings import SettingsError
 
     for impl in caller.get_hookimpls():
+        own = {} if register_for is None else {"register": register_for(impl.plugin_name)}
         try:
-            call_impl(caller, impl, kwargs)
-        except (PluginError, BackendError, SettingsError):
+            call_impl(caller, impl, {**own, **kwargs})
+        except (StartupError, BackendError, SettingsError):
             raise
         except Exception as e:
             raise PluginError(impl.plugin_name, caller.name, e) from e
@@ -109,6 +116,7 @@ class Plugins:
         self.infos: dict[str, PluginInfo] = {}
         #: start-up warnings about the plugin switches (logged by ``serve``, shown by ``plugins``)
         self.warnings: list[str] = []
+        self._reported = False
         self.add(builtin, CORE_PLUGIN)
 
     @property
@@ -126,6 +134,16 @@ class Plugins:
     ) -> bool:
         """Register one plugin object and validate its hooks; False if it was rejected."""
         try:
+            if self.pm.get_plugin(name) is not None:  # pluggy would dump every plugin it has
+                where = self.infos[name].dist if name in self.infos else None
+                raise ValueError(
+                    f"a plugin named {name!r} is loaded already"
+                    + (f" (from {where})" if where else "")
+                )
+            if self.pm.is_registered(plugin):
+                raise ValueError(
+                    f"the same module is loaded already as {self.pm.get_name(plugin)!r}"
+                )
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
             asynchronous = _async_hooks(self.pm, plugin)
@@ -136,16 +154,27 @@ class Plugins:
                     "awaitable, or registers async objects (see docs/plugin_hooks.md)"
                 )
         except Exception as e:
-            if self.pm.get_plugin(name) is not None:
+            if self.pm.get_plugin(name) is plugin:  # never the plugin that had the name first
                 self.pm.unregister(name=name)
-            self.infos[name] = PluginInfo(name, "failed", dist, version, f"{type(e).__name__}: {e}")
+            if self.infos.get(name, PluginInfo(name, "")).status != "ok":
+                self.infos[name] = PluginInfo(name, "failed", dist, version, one_line(e))
             if strict:
                 raise PluginError(name, "loading", e) from e
-            log.warning("plugin %s failed to load and is skipped: %s", name, e)
             return False
         hooks = sorted(c.name for c in self.pm.get_hookcallers(plugin) or ())
         self.infos[name] = PluginInfo(name, "ok", dist, version, None, hooks)
         return True
+
+    def report(self) -> None:
+        """Log, once, each plugin that failed to load and each warning about the switches."""
+        if self._reported:
+            return
+        self._reported = True
+        for key, info in self.infos.items():
+            if info.status == "failed":
+                log.warning("plugin %s failed to load and is skipped: %s", key, info.error)
+        for warning in self.warnings:
+            log.warning("%s", warning)
 
     def trace(self) -> None:
         """Log every hook call with its implementations, arguments and outcome (datasette's
@@ -155,6 +184,15 @@ class Plugins:
         def before(hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, Any]) -> None:
             names = ", ".join(impl.plugin_name for impl in impls)
             trace.info("%s(%s) -> [%s]", hook_name, ", ".join(kwargs), names)
+            register = kwargs.get("register")
+            if callable(register) and isinstance(kwargs, dict):
+                # a register_* hook returns nothing: what it registers is what it does
+                def traced(*args: Any, **kw: Any) -> Any:
+                    shown = [_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kw.items()]
+                    trace.info("%s of %s: register(%s)", hook_name, names, ", ".join(shown))
+                    return register(*args, **kw)
+
+                kwargs["register"] = traced
 
         def after(
             outcome: Result[Any],
@@ -164,7 +202,7 @@ class Plugins:
         ) -> None:
             if outcome.exception is not None:
                 trace.info("%s raised %r", hook_name, outcome.exception)
-            else:
+            elif "register" not in kwargs or any(r is not None for r in outcome.get_result()):
                 trace.info("%s returned %r", hook_name, outcome.get_result())
 
         self.pm.add_hookcall_monitoring(before, after)
@@ -178,32 +216,35 @@ class Plugins:
     ) -> None:
         allowed = None if allow is None else set(allow)
         blocked = set(block)
-        seen: set[str] = set()
         known: set[str] = set()
+        wanted: dict[str, list[Any]] = {}  # entry-point name -> its entry points, one per dist
+        left_out: list[tuple[Any, str, str]] = []
         for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
-            if ep.name in seen or ep.name in self.infos:
-                continue  # the same distribution twice on sys.path
-            seen.add(ep.name)
-            dist = ep.dist.name if ep.dist else None
-            version = ep.dist.version if ep.dist else None
+            if ep.name in self.infos:
+                continue
+            dist = _dist(ep)
             known.update(n for n in (ep.name, dist) if n)
             if ep.name in blocked or (dist and dist in blocked):
-                self._leave_out(ep, "blocked", "AGENTIK_DISABLE_PLUGINS", dist, version)
-                continue
-            if allowed is not None and ep.name not in allowed and dist not in allowed:
-                self._leave_out(ep, "skipped", "AGENTIK_LOAD_PLUGINS", dist, version)
-                continue
+                left_out.append((ep, "blocked", "AGENTIK_DISABLE_PLUGINS"))
+            elif allowed is not None and ep.name not in allowed and dist not in allowed:
+                left_out.append((ep, "skipped", "AGENTIK_LOAD_PLUGINS"))
+            elif all(_dist(other) != dist for other in wanted.get(ep.name, ())):
+                wanted.setdefault(ep.name, []).append(ep)  # (one dist twice on sys.path: once)
+        for name, eps in wanted.items():
+            ep = self._one_of(name, eps, strict)
             try:
                 plugin = ep.load()
             except Exception as e:
                 if strict:
                     raise PluginError(ep.name, "import", e) from e
-                log.warning("plugin %s failed to import and is skipped: %s", ep.name, e)
                 self.infos[ep.name] = PluginInfo(
-                    ep.name, "failed", dist, version, f"{type(e).__name__}: {e}"
+                    ep.name, "failed", _dist(ep), _version(ep), one_line(e)
                 )
                 continue
-            self.add(plugin, ep.name, dist=dist, version=version, strict=strict)
+            self.add(plugin, ep.name, dist=_dist(ep), version=_version(ep), strict=strict)
+        for ep, status, variable in left_out:
+            if ep.name not in self.infos:  # another distribution's plugin of that name loaded
+                self._leave_out(ep, status, variable, _dist(ep), _version(ep))
         for variable, names in (
             ("AGENTIK_LOAD_PLUGINS", allowed or ()),
             ("AGENTIK_DISABLE_PLUGINS", blocked),
@@ -213,9 +254,32 @@ class Plugins:
                     f"{variable}: no installed plugin is called {name!r}{closest(name, known)}"
                 )
 
+    def _one_of(self, name: str, eps: list[Any], strict: bool) -> Any:
+        """The entry point to load when several distributions define one called ``name``
+        (pluggy names plugins by it, so only one can load): agentik's own, else the first on
+        ``sys.path``. The others are reported, never dropped silently; strict mode stops."""
+        from agentik import DISTRIBUTION
+
+        if len(eps) == 1:
+            return eps[0]
+        chosen = next((ep for ep in eps if _dist(ep) == DISTRIBUTION), eps[0])
+        for ep in eps:
+            if ep is chosen:
+                continue
+            problem = (
+                f"{_dist(chosen)} defines an `agentik` entry point of the same name, which is "
+                "loaded instead (an entry point's name must be unique: name it after its module)"
+            )
+            if strict:
+                raise StartupError(f"plugin {name} of {_dist(ep)}: {problem}")
+            key = f"{name} ({_dist(ep)})"
+            self.infos[key] = PluginInfo(key, "failed", _dist(ep), _version(ep), problem)
+        return chosen
+
     def load_dir(self, folder: Path, *, block: Iterable[str] = (), strict: bool = False) -> None:
         """Every ``*.py`` of ``folder`` as a plugin named after its file (datasette's
-        ``--plugins-dir``): for a plugin too small to package."""
+        ``--plugins-dir``): for a plugin too small to package. A file named like an installed
+        plugin replaces it (with a warning): the file is what its author is working on."""
         if not folder.is_dir():
             raise SettingsError(f"AGENTIK_PLUGINS_DIR={str(folder)!r} is not a folder")
         blocked = set(block)
@@ -237,10 +301,27 @@ class Plugins:
                 sys.modules.pop(module_name, None)
                 if strict:
                     raise PluginError(name, "import", e) from e
-                log.warning("plugin %s failed to import and is skipped: %s", path, e)
-                self.infos[name] = PluginInfo(name, "failed", str(path), None, _error(e))
+                self.infos[name] = PluginInfo(name, "failed", str(path), None, one_line(e))
                 continue
+            self._make_room(name, path)
             self.add(module, name, dist=str(path), strict=strict)
+
+    def _make_room(self, name: str, path: Path) -> None:
+        """Take out an installed plugin called ``name`` for the file of the same name."""
+        installed = self.infos.get(name)
+        if installed is None:
+            return
+        if self.pm.get_plugin(name) is not None:
+            self.pm.unregister(name=name)
+        if self.pm.is_blocked(name):  # left out by a switch: the file is loaded whatever
+            self.pm.unblock(name)
+        if installed.status == "ok":
+            self.warnings.append(
+                f"plugin {name}: {path} replaces the installed plugin of that name "
+                f"({installed.dist} {installed.version or ''}".rstrip()
+                + "); rename the file to load both"
+            )
+        del self.infos[name]
 
     def _leave_out(
         self, ep: Any, status: str, variable: str, dist: str | None, version: str | None
@@ -281,8 +362,25 @@ class Plugins:
         return None
 
 
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
+def _dist(ep: Any) -> str | None:
+    return ep.dist.name if ep.dist else None
+
+
+def _version(ep: Any) -> str | None:
+    return ep.dist.version if ep.dist else None
+
+
+def _short(value: Any) -> str:
+    """What a plugin registered, in a few words: ``Tool('roll')``, ``'name'``, ``make_backend``."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57] + "...")
+    name = getattr(value, "name", None) or getattr(value, "prefix", None)
+    if isinstance(name, str):
+        return f"{type(value).__name__}({name!r})"
+    if callable(value):
+        return str(getattr(value, "__qualname__", type(value).__name__))
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def closest(name: str, candidates: Iterable[str]) -> str:

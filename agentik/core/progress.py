@@ -23,9 +23,9 @@ class Progress:
     """What one turn has done so far: for its next step, and the interrupt and error paths."""
 
     __slots__ = (
-        "called_tools", "calls", "cut", "ended", "estimated", "first_input", "last_total",
-        "llm_text", "memory", "record", "sends", "state", "step_start", "steps", "text",
-        "truncated", "usage_known", "waits",
+        "called_tools", "calls", "compactions", "cut", "ended", "estimated", "first_input",
+        "last_total", "llm_text", "memory", "record", "sends", "state", "step_start", "steps",
+        "text", "truncated", "usage_known", "waits",
     )  # fmt: skip
 
     def __init__(self, record: TurnRecord, cut: bool = False) -> None:
@@ -50,6 +50,7 @@ class Progress:
         self.first_input: int | None = None
         self.last_total: int | None = None
         self.usage_known = True
+        self.compactions = 0  # of working memory while the turn ran (set by the runner)
 
     @property
     def id(self) -> str:
@@ -75,12 +76,22 @@ class Progress:
         cid = self.record.conversation_id
         await store.append(cid, messages, memory, turn_id=self.id, turn=update)
 
-    def tokens(self) -> TokenUsage:
+    def tokens(self, compacted: bool) -> tuple[TokenUsage, str | None]:
+        """The turn's counts (F12), and what breaks the Usage contract in them, if anything:
+        a context that shrank within a turn that was not compacted."""
         known = self.usage_known and self.first_input is not None and self.last_total is not None
         if not known:
-            return TokenUsage(None, None, False)
+            return TokenUsage(None, None, False), None
         assert self.first_input is not None and self.last_total is not None
-        return TokenUsage(self.first_input, self.last_total - self.first_input, self.estimated)
+        growth: int | None = self.last_total - self.first_input
+        problem = None
+        if growth is not None and growth < 0:  # the context shrank: counts of another meaning
+            if not compacted:
+                problem = (
+                    f"the context shrank within the turn ({self.first_input} → {self.last_total})"
+                )
+            growth = None
+        return TokenUsage(self.first_input, growth, self.estimated), problem
 
 
 def llm_text(user: Message) -> str:

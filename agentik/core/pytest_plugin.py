@@ -45,7 +45,10 @@ AgentFactory = Callable[..., Awaitable[ChatAgent]]
 async def agentik_agent(scripted_llm: ScriptedLLM) -> AsyncIterator[AgentFactory]:
     """``await agentik_agent(plugins=[(name, module)], env={...}, llm=None, builtins=())``: a
     started agent with exactly those plugins and settings, an in-memory database and the
-    ``scripted_llm``; every agent it made is stopped after the test."""
+    ``scripted_llm`` (or ``llm``), which is also the backend named ``scripted``: with
+    ``env={"AGENTIK_LLM_BACKEND": name}`` the backend of that name is used instead, as
+    ``agentik serve`` would build it (one that wraps ``scripted`` wraps the script). Every
+    agent it made is stopped after the test."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(

@@ -71,6 +71,7 @@ class TurnRunner:
         ``cut``: a crash stopped it while it ran; ``cancel``: end a waiting turn as interrupted.
         Returns the turn as it stands then."""
         self.turn = turn = Progress(record, cut)
+        turn.compactions = self.conv.context.compactions
         self._interrupting, self._finishing = cancel, False
         self.task = asyncio.create_task(self._run(turn, cancel), name=f"turn-{record.id}")
         try:
@@ -213,7 +214,11 @@ class TurnRunner:
         self, turn: Progress, last_step: list[str], interrupted: bool = False
     ) -> None:
         self._finishing = True
-        tokens = TokenUsage(None, None) if interrupted else turn.tokens()
+        tokens = TokenUsage(None, None)
+        if not interrupted:
+            tokens, problem = turn.tokens(self.conv.context.compactions != turn.compactions)
+            if problem is not None:
+                self.conv.context.bad_usage(problem)
         payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
         if interrupted:
             payload["interrupted"] = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,14 @@ def parse_url(raw: str) -> str:
     return value.rstrip("/")
 
 
+def parse_url_path(raw: str) -> str:
+    """Where a transport is mounted: ``/agui``, ``/mcp`` (no trailing slash kept)."""
+    path = raw.strip().rstrip("/")
+    if not path.startswith("/") or len(path) < 2 or any(c in path for c in " ?#{}%"):
+        raise ValueError("must be a URL path such as /agui (no spaces, query or braces)")
+    return path
+
+
 def parse_path(raw: str) -> Path:
     return Path(raw).expanduser()
 
@@ -138,6 +147,24 @@ class Setting:
             and self.secret == other.secret
             and _same_parser(self.parse, other.parse)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SettingPrefix:
+    """Claims every variable that starts with ``prefix`` (``"HEARTBEAT_"``) for the plugin: one
+    set in the environment that no plugin declares gets the same "did you mean" warning at
+    start-up as an unknown ``AGENTIK_*`` variable, so a typo (``HEARTBEAT_INTERVL``) is not
+    silently ignored. ``register(SettingPrefix("HEARTBEAT_"))`` in ``register_settings``."""
+
+    prefix: str
+    plugin: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Z][A-Z0-9]+_", self.prefix):
+            raise ValueError(
+                f"SettingPrefix({self.prefix!r}): a prefix is upper-case letters and digits "
+                "ending with '_', e.g. 'HEARTBEAT_'"
+            )
 
 
 def _same_parser(a: Callable[[str], Any], b: Callable[[str], Any]) -> bool:
@@ -167,33 +194,51 @@ def setting_conflicts(declared: Iterable[Setting]) -> list[str]:
 
 
 def undeclared_variables(
-    declared: Iterable[str], env: Mapping[str, str] | None = None, prefix: str = "AGENTIK_"
+    declared: Iterable[str],
+    env: Mapping[str, str] | None = None,
+    prefixes: Mapping[str, str | None] | Iterable[str] = ("AGENTIK_",),
 ) -> list[str]:
-    """A warning for each ``AGENTIK_*`` variable set in the environment that no loaded plugin
-    declares (a typo, or the feature's plugin is gone), with the closest declared name."""
+    """A warning for each variable set in the environment under one of ``prefixes``
+    (``AGENTIK_*`` and the prefixes plugins claim with :class:`SettingPrefix`, mapped to the
+    plugin) that no loaded plugin declares (a typo, or the feature's plugin is gone), with the
+    closest declared name."""
     env = os.environ if env is None else env
     names = set(declared)
+    owners = dict(prefixes) if isinstance(prefixes, Mapping) else dict.fromkeys(prefixes)
     warnings = []
     for var in sorted(env):
-        if var.startswith(prefix) and var not in names:
-            match = difflib.get_close_matches(var, sorted(names), n=1)
-            hint = f" (did you mean {match[0]}?)" if match else ""
-            warnings.append(f"{var} is set but no loaded plugin declares it{hint}; it is ignored")
+        prefix = next((p for p in owners if var.startswith(p)), None)
+        if prefix is None or var in names:
+            continue
+        match = difflib.get_close_matches(var, sorted(names), n=1)
+        hint = f" (did you mean {match[0]}?)" if match else ""
+        owner = f" ({prefix}* belongs to plugin {owners[prefix]})" if owners[prefix] else ""
+        warnings.append(
+            f"{var} is set but no loaded plugin declares it{hint}{owner}; it is ignored"
+        )
     return warnings
 
 
 class Settings(Mapping[str, Any]):
     """Parsed values by variable name. Use ``settings["AGENTIK_PORT"]``."""
 
-    def __init__(self, declared: Iterable[Setting], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, declared: Iterable[Setting | SettingPrefix], env: Mapping[str, str] | None = None
+    ) -> None:
         env = os.environ if env is None else env
-        declared = list(declared)
-        errors = setting_conflicts(declared)
+        items = list(declared)
+        #: the prefixes plugins claim (:class:`SettingPrefix`) -> the plugin, ``AGENTIK_`` first
+        self.prefixes: dict[str, str | None] = {"AGENTIK_": None}
+        for item in items:
+            if isinstance(item, SettingPrefix):
+                self.prefixes.setdefault(item.prefix, item.plugin)
+        settings = [s for s in items if isinstance(s, Setting)]
+        errors = setting_conflicts(settings)
         self.declared: dict[str, Setting] = {}
         #: the variables the environment set (the others have their defaults)
         self.explicit: set[str] = set()
         values: dict[str, Any] = {}
-        for s in declared:
+        for s in settings:
             if s.name in self.declared:
                 continue  # a variable shared on purpose, declared alike by both plugins
             self.declared[s.name] = s

@@ -8,11 +8,12 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from agentik.core.events import EventLog, StreamItem, flatten, one_turn, unwrap
-from agentik.core.types import Event
+from agentik.core.types import End, Event, Message
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
     from agentik.core.runner import TurnRunner
+    from agentik.core.store import Store
 
 
 class ConversationEvents:
@@ -20,6 +21,7 @@ class ConversationEvents:
 
     log: EventLog
     runner: TurnRunner
+    store: Store
     _evicted: bool
 
     async def _current(self) -> ChatConversation:
@@ -80,11 +82,30 @@ class ConversationEvents:
         return flatten(self.turn_batches(turn_id, after))
 
     def turn_batches(
-        self, turn_id: str, after: int | None = None
+        self, turn_id: str, after: int | None = None, linger: float = 0.0
     ) -> AsyncGenerator[list[StreamItem], None]:
         """:meth:`turn_events` in lists: what was published while the reader was busy comes
-        at once (one socket write, and a transport may join text deltas)."""
-        return one_turn(self.event_batches(after), turn_id)
+        at once (one socket write, and a transport may join text deltas); with ``linger``
+        (seconds) the reader waits that long after news to gather more (fewer, later lists)."""
+        return one_turn(self.event_batches(after, linger), turn_id)
+
+    async def turn_end(self, turn_id: str) -> Message | None:
+        """The record that ended the turn ``turn_id`` (its ``assistant`` or ``error`` record),
+        once it has ended (at once when it has); None when the conversation's event log closed
+        first (shutdown, deletion). For a transport that answers a request with the turn's
+        outcome, from the audit log: what a listener that fell behind missed is in it."""
+        after = self.last_event_id  # before the read: an End published meanwhile is not missed
+        end = await self.store.turn_end(turn_id)
+        if end is None:
+            items = self.turn_events(turn_id, after)
+            try:
+                async for item in items:
+                    if isinstance(item.event, End):
+                        break
+            finally:
+                await items.aclose()
+            end = await self.store.turn_end(turn_id)
+        return end
 
     async def event_batches(
         self, after: int | None = None, linger: float = 0.0

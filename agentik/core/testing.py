@@ -42,8 +42,10 @@ from agentik.core.llm import (
     UserInput,
 )
 from agentik.core.plugins import Plugins, make_plugins
+from agentik.core.registry import Register
 from agentik.core.tools import ToolSpec
 from agentik.core.types import AppendText, Event, Message, TextPart
+from agentik.hookspecs import hookimpl
 
 Step = Sequence[LLMChunk | str] | LLMError
 
@@ -115,6 +117,22 @@ def test_plugins(
     return make_plugins(load_entrypoints=load_entrypoints, extra=[*extra, *plugins], env={})
 
 
+#: the name the test's own LLM (``llm=``, the ``scripted_llm`` fixture) is registered under
+SCRIPTED = "scripted"
+
+
+class _TestLLM:
+    """Registers the test's LLM as the backend ``scripted``: a backend chosen by name
+    (``AGENTIK_LLM_BACKEND``) can wrap it (``backends.create("scripted", settings)``)."""
+
+    def __init__(self, llm: LLMBackend) -> None:
+        self.llm = llm
+
+    @hookimpl
+    def register_llm_backends(self, register: Register) -> None:
+        register(SCRIPTED, lambda settings: self.llm)
+
+
 def make_app(
     *,
     llm: LLMBackend | None = None,
@@ -124,10 +142,18 @@ def make_app(
     load_entrypoints: bool = False,
 ) -> web.Application:
     """A server for tests: an in-memory database, ``EchoLLM`` and no long-term memory unless
-    told otherwise (``env={"AGENTIK_MEMORY_BACKEND": ...}``)."""
+    told otherwise (``env={"AGENTIK_MEMORY_BACKEND": ...}``).
+
+    ``llm`` (default an :class:`EchoLLM`) is the agent's LLM, and is registered as the backend
+    ``scripted``. With ``AGENTIK_LLM_BACKEND`` in ``env`` the backend of that name is built as
+    ``agentik serve`` builds it, from the plugins given: a plugin's own backend, or one that
+    wraps ``scripted``."""
     env = {"AGENTIK_DB_PATH": ":memory:", "AGENTIK_MEMORY_BACKEND": "off", **(env or {})}
-    pm = test_plugins(plugins, builtins=builtins, load_entrypoints=load_entrypoints)
-    return create_app(load_settings(pm, env), pm, llm=llm if llm is not None else EchoLLM())
+    llm = llm if llm is not None else EchoLLM()
+    own = [*plugins, ("agentik.testing", _TestLLM(llm))]
+    pm = test_plugins(own, builtins=builtins, load_entrypoints=load_entrypoints)
+    by_name = bool(env.get("AGENTIK_LLM_BACKEND", "").strip())
+    return create_app(load_settings(pm, env), pm, llm=None if by_name else llm)
 
 
 @contextlib.asynccontextmanager
@@ -201,6 +227,7 @@ def temporary_plugin(plugins: Plugins, plugin: Any, name: str) -> Iterator[Any]:
 
 
 __all__ = [
+    "SCRIPTED",
     "EchoLLM",
     "ScriptedLLM",
     "Turn",

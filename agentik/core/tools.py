@@ -12,6 +12,7 @@ and the tool never sees it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -19,6 +20,9 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentik.core.failures import log_failure
+from agentik.core.tool_schema import converter, signature_schema
 
 log = logging.getLogger(__name__)
 
@@ -56,39 +60,38 @@ def tool(
     parameters: dict[str, Any] | None = None,
     idempotent: bool = False,
 ) -> Any:
-    """Make a :class:`Tool` from a function; the schema defaults to its annotated arguments.
+    """Make a :class:`Tool` from a function: its JSON schema comes from the parameters' type
+    hints and defaults, the description and each parameter's from the docstring
+    (:mod:`agentik.core.tool_schema`); the function gets its arguments as those types (an
+    ``Enum`` member, a dataclass, a pydantic model), not as raw JSON.
 
-    ``@tool`` or ``@tool(name=..., description=..., parameters=..., idempotent=...)``.
+    ``@tool`` or ``@tool(name=..., description=..., parameters=..., idempotent=...)``
+    (``parameters``: a JSON schema of your own; the function then gets the decoded JSON as it
+    is; ``idempotent``: a second run with the same arguments does no more than the first, so a
+    call a crash cut is run again when its turn resumes).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
-        schema = parameters if parameters is not None else _schema_from_signature(f)
-        doc = description if description is not None else inspect.getdoc(f) or ""
-        return Tool(ToolSpec(name or f.__name__, doc, schema), f, idempotent=idempotent)
+        if parameters is not None:
+            summary, schema, call = inspect.getdoc(f) or "", parameters, f
+        else:
+            summary, schema, converters = signature_schema(f)
+            call = _converting(f, converters) if converters else f
+        doc = description if description is not None else summary
+        return Tool(ToolSpec(name or f.__name__, doc, schema), call, idempotent=idempotent)
 
     return build(fn) if fn is not None else build
 
 
-_JSON_TYPES = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    list: "array",
-    dict: "object",
-}
+def _converting(f: Callable[..., Any], converters: dict[str, Any]) -> Callable[..., Any]:
+    """``f`` taking the decoded JSON arguments, turned into its parameters' types first."""
+    convert = converter(converters)
 
+    @functools.wraps(f)
+    def call(**kwargs: Any) -> Any:
+        return f(**convert(kwargs))
 
-def _schema_from_signature(fn: Callable[..., Any]) -> dict[str, Any]:
-    props: dict[str, Any] = {}
-    required: list[str] = []
-    for p in inspect.signature(fn, eval_str=True).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        props[p.name] = {"type": _JSON_TYPES.get(p.annotation, "string")}
-        if p.default is p.empty:
-            required.append(p.name)
-    return {"type": "object", "properties": props, "required": required}
+    return call
 
 
 class ToolError(Exception):
@@ -150,13 +153,16 @@ class ToolRegistry:
                 async with asyncio.timeout(self.timeout):
                     result = await result
         except TimeoutError:
+            log.warning(
+                "tool %s did not answer within %g s (AGENTIK_TOOL_TIMEOUT)", _of(t), self.timeout
+            )
             return f"Error: {name} did not answer within {self.timeout:g} s", True
         except ToolError as e:
             return f"Error: {e}", True
         except TypeError as e:
             return f"Error: bad arguments for {name}: {e}", True
         except Exception as e:
-            log.warning("tool %s raised", name, exc_info=True)
+            log_failure(f"tool {_of(t)}", e, log)
             return f"Error: {type(e).__name__}: {e}", True
         if isinstance(result, str):
             return result, False
@@ -173,6 +179,10 @@ class ToolRegistry:
         if not errors:
             return None
         return "; ".join(_describe(e) for e in errors[:3])
+
+
+def _of(t: Tool) -> str:
+    return f"{t.name} of plugin {t.plugin}" if t.plugin else t.name
 
 
 def _compile(t: Tool) -> tuple[Any, Callable[[dict[str, Any]], bool] | None]:
@@ -218,7 +228,7 @@ def _flat_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | No
     properties = schema.get("properties", {})
     checks = {}
     for name, prop in properties.items():
-        if not isinstance(prop, dict) or set(prop) - {"type", "description", "title"}:
+        if not isinstance(prop, dict) or set(prop) - {"type", "description", "title", "default"}:
             return None
         check = (
             _TYPE_CHECKS.get(prop.get("type", "")) if isinstance(prop.get("type"), str) else None

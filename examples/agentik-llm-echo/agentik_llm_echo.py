@@ -1,6 +1,6 @@
 """An example third-party agentik plugin: a tiny LLM backend and a tool.
 
-Install it next to agentik (``pip install ./examples/agentik-llm-echo``) and select it with
+Install it next to agentik-runtime (``pip install ./examples/agentik-llm-echo``) and select it with
 ``AGENTIK_LLM_BACKEND=echo``. It replies with the user's text reversed and streams it word by
 word; a message that starts with ``shout `` makes it call its ``shout`` tool first.
 """
@@ -10,19 +10,20 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 
-from agentik import hookimpl
-from agentik.core.llm import (
+from agentik.api import (
     HistoryItem,
     LLMBackend,
     LLMChunk,
     LLMConversation,
     LLMInput,
+    Setting,
     TextDelta,
     ToolCallRequest,
     ToolResultInput,
+    ToolSpec,
+    hookimpl,
+    tool,
 )
-from agentik.core.settings import Setting
-from agentik.core.tools import ToolSpec, tool
 
 
 class EchoConversation(LLMConversation):

@@ -35,6 +35,7 @@ def takes_dimensions(model: str) -> bool:
 
 class HttpEmbedding(EmbeddingBackend):
     name = "http"
+    model_settings = ("AGENTIK_EMBEDDING_MODEL", "AGENTIK_EMBEDDING_DIMENSION")
 
     def __init__(
         self,

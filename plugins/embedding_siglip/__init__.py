@@ -77,7 +77,7 @@ def plugin_details(settings: Settings) -> dict[str, Any] | None:
         from agentik_embedding_siglip.backend import load
     except ImportError as e:
         report["error"] = (
-            f"needs onnxruntime and sentencepiece: pip install 'agentik[siglip]' ({e})"
+            f"needs onnxruntime and sentencepiece: pip install 'agentik-runtime[siglip]' ({e})"
         )
         return report
     from agentik.core.plugins import StartupError

@@ -189,6 +189,7 @@ class SiglipEmbedding(EmbeddingBackend):
     """The ``siglip`` backend: :class:`Loaded` behind one worker thread."""
 
     name = "siglip"
+    model_settings = ("AGENTIK_EMBEDDING_MODEL_PATH", "AGENTIK_EMBEDDING_TOKENIZER_PATH")
 
     def __init__(self, model_path: Path, tokenizer_path: Path, *, threads: int = 2) -> None:
         self.model = model_path.name

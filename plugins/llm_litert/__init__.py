@@ -123,7 +123,7 @@ def plugin_details(settings: Settings) -> dict[str, Any] | None:
     try:
         from agentik_llm_litert.backend import check_model
     except ImportError as e:
-        report["error"] = f"needs litert-lm-api: pip install 'agentik[litert]' ({e})"
+        report["error"] = f"needs litert-lm-api: pip install 'agentik-runtime[litert]' ({e})"
         return report
     from agentik.core.settings import SettingsError
 

@@ -180,7 +180,8 @@ def _fetch(root: Path, repo: str, file: str) -> CachedModel:
         from huggingface_hub.utils import build_hf_headers
     except ImportError as e:
         raise FetchError(
-            f"fetching a model needs huggingface_hub: pip install 'agentik[litert]' ({e}); {SKIP}"
+            "fetching a model needs huggingface_hub: "
+            f"pip install 'agentik-runtime[litert]' ({e}); {SKIP}"
         ) from e
     import httpx2
 

@@ -98,8 +98,10 @@ class OpenAIBackend(LLMBackend):
     def create_conversation(
         self, system_prompt: str, history: Sequence[HistoryItem], tools: Sequence[ToolSpec]
     ) -> OpenAIConversation:
-        system_prompt, history = fold_summaries(system_prompt, history)
-        return OpenAIConversation(self, history_messages(system_prompt, history), tools)
+        summaries, history = fold_summaries("", history)
+        conv = OpenAIConversation(self, history_messages("", history), tools, summaries)
+        conv.put_system_prompt(system_prompt)
+        return conv
 
     async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -141,10 +143,17 @@ class OpenAIConversation(LLMConversation):
     """Holds the OpenAI ``messages`` of one chat; a reply is appended only once it completed."""
 
     def __init__(
-        self, backend: OpenAIBackend, messages: list[Message], tools: Sequence[ToolSpec]
+        self,
+        backend: OpenAIBackend,
+        messages: list[Message],
+        tools: Sequence[ToolSpec],
+        summaries: str = "",
     ) -> None:
         self.backend = backend
         self.messages = messages
+        #: the summaries that opened working memory, kept after the system prompt (see
+        #: agentik.core.llm.fold_summaries)
+        self.summaries = summaries
         self._tools_chars: int | None = None  # for usage estimates; counted when first needed
         self.tools = [
             {
@@ -157,6 +166,21 @@ class OpenAIConversation(LLMConversation):
             }
             for t in tools
         ]
+
+    def put_system_prompt(self, system_prompt: str) -> None:
+        """The first message: the system prompt, then the summaries (none when both are empty)."""
+        text = "\n\n".join(p for p in (system_prompt, self.summaries) if p)
+        has = bool(self.messages) and self.messages[0]["role"] == "system"
+        if text and has:
+            self.messages[0] = {"role": "system", "content": text}
+        elif text:
+            self.messages.insert(0, {"role": "system", "content": text})
+        elif has:
+            del self.messages[0]
+
+    async def set_system_prompt(self, system_prompt: str) -> bool:
+        self.put_system_prompt(system_prompt)  # the history stays: only its first message
+        return True
 
     async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
         backend = self.backend

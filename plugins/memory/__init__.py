@@ -34,14 +34,30 @@ SETTINGS = (
         "AGENTIK_MEMORY_MIN_SCORE",
         0.5,
         cfg.parse_fraction,
-        "Relevance (0-1) a note needs to be prefetched: the share of the text's words it "
-        "matches, three words counting as a full match.",
+        "Relevance (0-1) a note needs to be prefetched; md: the share of the message's words "
+        "known to the memory that the note has (three count as a full match), vector: cosine "
+        "with a recency weight.",
     ),
     Setting(
         "AGENTIK_MEMORY_REVIEW",
         True,
         cfg.parse_bool,
-        "1: after each turn a background model call saves the turn's durable facts; 0: off.",
+        "1: a background model call saves the durable facts of the conversation's turns "
+        "(every AGENTIK_MEMORY_REVIEW_EVERY turns and when it goes idle); 0: off.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_REVIEW_EVERY",
+        4,
+        cfg.parse_positive_int,
+        "The review reads a conversation's turns in batches of this many (one model call per "
+        "batch); 1 reviews after every turn.",
+    ),
+    Setting(
+        "AGENTIK_MEMORY_REVIEW_IDLE",
+        120.0,
+        cfg.parse_positive_float,
+        "Seconds without a new turn after which a conversation's turns not yet reviewed are "
+        "reviewed (fewer than AGENTIK_MEMORY_REVIEW_EVERY).",
     ),
     Setting(
         "AGENTIK_MEMORY_CURATOR_INTERVAL",
@@ -108,6 +124,7 @@ async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
         yield feature
     finally:
         agent.state.pop("agentik_memory", None)
+        feature.close()
 
 
 @hookimpl
@@ -178,7 +195,10 @@ def plugin_details(settings: Settings) -> dict[str, Any]:
         "prefetch": f"up to {settings['AGENTIK_MEMORY_PREFETCH']} notes, "
         f"{settings['AGENTIK_MEMORY_PREFETCH_CHARS']} chars, "
         f"min score {settings['AGENTIK_MEMORY_MIN_SCORE']:g}",
-        "review": "on" if settings["AGENTIK_MEMORY_REVIEW"] else "off",
+        "review": f"every {settings['AGENTIK_MEMORY_REVIEW_EVERY']} turns and after "
+        f"{settings['AGENTIK_MEMORY_REVIEW_IDLE']:g} s idle"
+        if settings["AGENTIK_MEMORY_REVIEW"]
+        else "off",
         "curator": f"every {settings['AGENTIK_MEMORY_CURATOR_INTERVAL']:g} s, archives notes "
         f"never used after {days:g} days",
     }

@@ -95,6 +95,12 @@ class MemoryFeature:
         self.prefetch_chars: int = settings["AGENTIK_MEMORY_PREFETCH_CHARS"]
         self.min_score: float = settings["AGENTIK_MEMORY_MIN_SCORE"]
         self.review_on: bool = settings["AGENTIK_MEMORY_REVIEW"]
+        self.review_every: int = settings["AGENTIK_MEMORY_REVIEW_EVERY"]
+        self.review_idle: float = settings["AGENTIK_MEMORY_REVIEW_IDLE"]
+        #: conversation id -> its turns since its last review, as transcripts
+        self._unreviewed: dict[str, list[str]] = {}
+        #: conversation id -> the review of its unreviewed turns if no turn comes first
+        self._idle: dict[str, asyncio.TimerHandle] = {}
         #: conversation id -> the review running for it (never two at once)
         self._reviews: dict[str, _Serial] = {}
         #: look-up and save of one fact at a time, so two reviews cannot both save it
@@ -148,10 +154,44 @@ class MemoryFeature:
     # --- reviews ----------------------------------------------------------------------------
 
     def review_turn(self, conversation_id: str, user_text: str, assistant_text: str) -> Any:
+        """Keep the turn for the conversation's next review: it runs (an awaitable is returned)
+        once ``review_every`` turns are waiting, or ``review_idle`` seconds after the last turn
+        when no other came."""
         if not self.review_on:
             return None
-        transcript = f"User: {user_text}\nAssistant: {assistant_text}"
-        return self.review(conversation_id, transcript, "AUTO_REVIEW")
+        turns = self._unreviewed.setdefault(conversation_id, [])
+        turns.append(f"User: {user_text}\nAssistant: {assistant_text}")
+        timer = self._idle.pop(conversation_id, None)
+        if timer is not None:
+            timer.cancel()
+        if len(turns) >= self.review_every:
+            return self._review_unreviewed(conversation_id)
+        loop = asyncio.get_running_loop()
+        self._idle[conversation_id] = loop.call_later(
+            self.review_idle, self._went_idle, conversation_id
+        )
+        return None
+
+    def _went_idle(self, conversation_id: str) -> None:
+        del self._idle[conversation_id]
+        if self.agent.is_busy(conversation_id):
+            return  # a turn runs longer than the idle time: its end comes back here
+        work = self._review_unreviewed(conversation_id)
+        if work is not None:
+            self.agent.jobs.spawn(f"memory review of {conversation_id} (idle)", work)
+
+    def _review_unreviewed(self, conversation_id: str) -> Any:
+        turns = self._unreviewed.pop(conversation_id, None)
+        if not turns:
+            return None
+        return self.review(conversation_id, "\n\n".join(turns), "AUTO_REVIEW")
+
+    def close(self) -> None:
+        """Shutdown: turns not reviewed yet stay so (a review is no reason to delay a stop)."""
+        for timer in self._idle.values():
+            timer.cancel()
+        self._idle.clear()
+        self._unreviewed.clear()
 
     def review_items(self, conversation_id: str, items: Sequence[HistoryItem]) -> Any:
         transcript = render_items(items)

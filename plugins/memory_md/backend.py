@@ -352,15 +352,18 @@ class MdMemory(MemoryBackend):
             "SELECT rowid, text FROM notes WHERE notes MATCH ? ORDER BY rank LIMIT ?",
             (terms.match_expression(wanted), limit),
         ).fetchall()
-        found = []
+        notes, has = [], []
         for rowid, folded in rows:  # the index holds the folded text
             note = self._notes.get(self._by_rowid.get(rowid, ""))
             if note is not None:
-                score = terms.relevance(wanted, folded)
-                n = note  # Note(...) directly: dataclasses.replace took a third of a search
-                found.append(
-                    Note(n.id, n.category, n.text, n.source, n.created, n.last_used, n.uses, score)
-                )
+                notes.append(note)
+                has.append(terms.matched(wanted, folded))
+        found = [
+            # Note(...) directly: dataclasses.replace took a third of a search
+            Note(n.id, n.category, n.text, n.source, n.created, n.last_used, n.uses, score)
+            for n, score in zip(notes, terms.scores(wanted, has), strict=True)
+            if score > 0
+        ]
         found.sort(key=lambda n: -(n.score or 0.0))  # stable: bm25 order among equals
         return found
 

@@ -221,12 +221,16 @@ class VectorMemory(MemoryBackend):
         model = f"{self.embedding.name} {self.embedding.model}".strip()
         count = await db.read(lambda: self.Note.select().count())
         if count and stored and stored != dimension:
+            # the variables of the backend in use, never another backend's
+            chosen_by = ", ".join(self.embedding.model_settings) or (
+                f"the settings of the {self.embedding.name!r} embedding backend, see "
+                "`agentik plugins`"
+            )
             raise StartupError(
                 f"AGENTIK_EMBEDDING_BACKEND={self.embedding.name!r}: the vector memory in "
                 f"{self.store_path} holds {count} notes of dimension {stored} (embedded by "
                 f"{meta.get('embedding', '?')}), but {model} gives {dimension}; use that "
-                "embedding model again (AGENTIK_EMBEDDING_MODEL, AGENTIK_EMBEDDING_DIMENSION) or "
-                "another AGENTIK_DB_PATH"
+                f"embedding model again ({chosen_by}) or another AGENTIK_DB_PATH"
             )
         if count and meta.get("embedding") not in (None, model):
             log.warning("memory notes were embedded by %s, now by %s: search quality may suffer",

@@ -2,8 +2,9 @@
 above the base prompt, skills, memory and reflections.
 
 The file must be readable at start-up (else start-up stops naming the variable). Its text is
-read again whenever it changes on disk (one ``stat`` per system prompt built); if it becomes
-unreadable later, the last text read stays and a warning is logged.
+read again whenever it changes on disk (one ``stat`` per system prompt rendered, i.e. per turn:
+an edit reaches every conversation at its next turn); if it becomes unreadable later, the last
+text read stays and a warning is logged.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ async def mcp_service(agent: Any, settings: Settings, path: Path) -> AsyncIterat
     except ImportError as e:
         raise RuntimeError(
             f"AGENTIK_MCP_CONFIG={str(path)!r} needs the mcp package: "
-            f"pip install 'agentik[mcp]' ({e})"
+            f"pip install 'agentik-runtime[mcp]' ({e})"
         ) from e
     from agentik_tools_mcp.config import ConfigError
 
@@ -142,7 +142,7 @@ async def mcp_details(settings: Settings, path: Path) -> dict[str, Any]:
     try:
         from agentik_tools_mcp.servers import MCPTools
     except ImportError as e:
-        report["error"] = f"needs the mcp package: pip install 'agentik[mcp]' ({e})"
+        report["error"] = f"needs the mcp package: pip install 'agentik-runtime[mcp]' ({e})"
         return report
     from agentik_tools_mcp.config import ConfigError
 

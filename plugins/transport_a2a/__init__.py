@@ -1,7 +1,7 @@
 """The agent as an A2A server (SPEC F13; ``docs/a2a.md``): the JSON-RPC binding of A2A 1.0 and
 0.3 at ``AGENTIK_A2A_PATH`` (``/a2a``), the agent card, durable tasks.
 
-Hooks and settings only. a2a-sdk (``pip install agentik[a2a]``) is imported by the modules
+Hooks and settings only. a2a-sdk (``pip install agentik-runtime[a2a]``) is imported by the modules
 beside this one at the first JSON-RPC call (or at start-up when tasks were left unfinished).
 """
 
@@ -39,14 +39,24 @@ def parse_public_url(raw: str) -> str:
 
 SETTINGS = (
     Setting("AGENTIK_A2A_PATH", "/a2a", parse_root, "Where the A2A endpoint is mounted."),
-    Setting("AGENTIK_A2A_NAME", "agentik", str, "The agent's name on its A2A agent card."),
+    Setting(
+        "AGENTIK_A2A_NAME",
+        "agentik",
+        str,
+        "The agent's name on its A2A agent card (and of its MCP server, /mcp).",
+    ),
     Setting(
         "AGENTIK_A2A_DESCRIPTION",
         "A stateful chat agent.",
         str,
-        "The agent's description on its A2A agent card.",
+        "The agent's description on its A2A agent card (and its MCP server's instructions).",
     ),
-    Setting("AGENTIK_A2A_VERSION", __version__, str, "The agent's version on its A2A agent card."),
+    Setting(
+        "AGENTIK_A2A_VERSION",
+        __version__,
+        str,
+        "The agent's version on its A2A agent card (and of its MCP server).",
+    ),
     Setting(
         "AGENTIK_PUBLIC_URL",
         None,
@@ -117,7 +127,7 @@ def sdk_missing() -> bool:
 def banner_lines(settings: Settings) -> list[str]:
     card, rpc = _urls(settings)
     if sdk_missing():
-        return [f"a2a: agent card {card}; JSON-RPC off: pip install 'agentik[a2a]'"]
+        return [f"a2a: agent card {card}; JSON-RPC off: pip install 'agentik-runtime[a2a]'"]
     return [f"a2a: agent card {card}", f"a2a: JSON-RPC {rpc} (A2A 1.0 and 0.3)"]
 
 
@@ -126,5 +136,5 @@ def plugin_details(settings: Settings) -> dict[str, Any]:
     card, rpc = _urls(settings)
     details: dict[str, Any] = {"agentCard": card, "jsonrpc": rpc, "versions": ["1.0", "0.3"]}
     if sdk_missing():
-        details["missing"] = "a2a-sdk: pip install 'agentik[a2a]'"
+        details["missing"] = "a2a-sdk: pip install 'agentik-runtime[a2a]'"
     return details

@@ -52,7 +52,7 @@ class A2ARoutes:
         try:
             from agentik_transport_a2a.endpoint import handle
         except ImportError as e:  # installed without its extra
-            message = f"A2A needs a2a-sdk: pip install 'agentik[a2a]' ({e})"
+            message = f"A2A needs a2a-sdk: pip install 'agentik-runtime[a2a]' ({e})"
             error = {"code": -32603, "message": message}
             return web.json_response({"jsonrpc": "2.0", "id": None, "error": error})
         return await handle(request, self.agent)

@@ -14,28 +14,21 @@ from collections.abc import Callable
 from typing import Any
 
 from agentik import hookimpl
-from agentik.core.settings import Setting, Settings
+from agentik.core.settings import Setting, Settings, parse_url_path
 
 log = logging.getLogger(__name__)
 
 PATH = "AGENTIK_AGUI_PATH"
-MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik[agui]')"
+MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik-runtime[agui]')"
 
 
 def protocol_installed() -> bool:
     return importlib.util.find_spec("ag_ui") is not None
 
 
-def parse_route(raw: str) -> str:
-    path = raw.strip()
-    if not path.startswith("/") or len(path) < 2 or any(c in path for c in " ?#{}"):
-        raise ValueError("must be a URL path such as /agui (no spaces, query or braces)")
-    return path.rstrip("/")
-
-
 @hookimpl
 def register_settings(register: Callable[[Setting], None]) -> None:
-    register(Setting(PATH, "/agui", parse_route, "URL path of the AG-UI endpoint (POST)."))
+    register(Setting(PATH, "/agui", parse_url_path, "URL path of the AG-UI endpoint (POST)."))
 
 
 def setup(app: Any, agent: Any, settings: Settings) -> None:

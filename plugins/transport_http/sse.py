@@ -52,7 +52,7 @@ def resume_point(request: web.Request) -> int | None:
 def _event_id(name: str, raw: str | None) -> int | None:
     if raw is None:
         return None
-    # event ids are 64-bit (microseconds since 1970 and up); longer is no id of ours
+    # event ids are 64-bit counters; longer is no id of ours
     if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_EVENT_ID:
         raise InvalidInput(f"{name} must be an event id (0 to {MAX_EVENT_ID}), got {raw[:40]!r}")
     return int(raw)

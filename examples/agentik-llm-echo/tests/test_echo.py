@@ -2,8 +2,7 @@
 and ``scripted_llm`` fixtures) and ``run_turn``."""
 
 import agentik_llm_echo
-from agentik.core.llm import ToolCallRequest
-from agentik.core.testing import run_turn
+from agentik.api import ToolCallRequest, run_turn
 
 PLUGIN = [("agentik_llm_echo", agentik_llm_echo)]
 
@@ -33,10 +32,9 @@ async def test_the_echo_backend_reverses_and_prefixes(agentik_agent):
 
 
 async def test_the_backend_is_selected_by_name_with_its_setting(agentik_agent):
-    from agentik.core.app import load_settings, select_llm
-    from agentik.core.testing import test_plugins
-
-    plugins = test_plugins(PLUGIN, builtins=[])
-    settings = load_settings(plugins, {"AGENTIK_LLM_BACKEND": "reverse", "ECHO_PREFIX": "~"})
-    llm = select_llm(plugins, settings)
-    assert isinstance(llm, agentik_llm_echo.EchoBackend) and llm.prefix == "~"
+    agent = await agentik_agent(
+        plugins=PLUGIN, env={"AGENTIK_LLM_BACKEND": "reverse", "ECHO_PREFIX": "~"}
+    )
+    assert isinstance(agent.llm, agentik_llm_echo.EchoBackend) and agent.llm.prefix == "~"
+    turn = await run_turn(agent, "ab cd")
+    assert turn.text == "~dc ~ba "
