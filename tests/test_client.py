@@ -31,9 +31,11 @@ from agentik.core.types import (
     TextPart,
     ToolCall,
     ToolResult,
+    UserMessage,
 )
 from agentik_llm_openai.backend import OpenAIBackend
 from tests.conftest import free_port, script_fake
+from tests.proxy import Proxy
 from tests.test_serve import openai_env
 
 KEY = "client-test-key-0123456789"
@@ -78,7 +80,12 @@ async def scenario(agent: Agent, script: Callable[..., Awaitable[None]]) -> None
     context = MessageContext("event", "scheduled check", "cron-1", {"k": 1})
     sent = await conv.send([TextPart("wake up")], context)
     got = await turn(events)
-    assert isinstance(got[0], StartResponse) and isinstance(got[-1], End)
+    # every viewer sees the accepted message first, then its turn, whose End names it
+    accepted = got[0]
+    assert isinstance(accepted, UserMessage) and accepted.id == sent.id
+    assert accepted.content == (TextPart("wake up"),) and accepted.context == context
+    assert accepted.conversation_id == conv.id and accepted.created_at == sent.created_at
+    assert isinstance(got[1], StartResponse) and got[-1] == End(sent.id)
     assert text_of(got) == "Hello there, friend"
     history = await conv.get_messages()
     assert [m.kind for m in history] == ["user", "assistant"]
@@ -89,7 +96,9 @@ async def scenario(agent: Agent, script: Callable[..., Awaitable[None]]) -> None
     first = await conv.send([TextPart("once")], idempotency_key="key-1")
     second = await conv.send([TextPart("once")], idempotency_key="key-1")
     assert first.id == second.id
-    assert text_of(await turn(events)) == "echo: once"
+    got = await turn(events)
+    assert text_of(got) == "echo: once"
+    assert [e.id for e in got if isinstance(e, UserMessage)] == [first.id]  # announced once
 
     # a tool round (the tool does not exist here: the loop records the error and goes on)
     await script({"tool_calls": [["lookup", {"q": "x"}]]}, {"text": "done"})
@@ -148,68 +157,6 @@ async def test_the_protocol_scenario_over_http(serve, fake_openai_proc):
 
 
 # --- a proxy whose connections the test cuts ---------------------------------------------------
-
-
-class Proxy:
-    """A TCP proxy on loopback in front of the server: :meth:`cut` drops every connection;
-    ``drop_sends`` drops that many sends' answers (the server got and stored them)."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.port = 0
-        self.drop_sends = 0
-        self.conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{self.port}"
-
-    async def handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.target)
-        pair = (cwriter, uwriter)
-        self.conns.add(pair)
-        doomed = False
-
-        async def up() -> None:
-            nonlocal doomed
-            while data := await creader.read(65536):
-                line = data.split(b"\r\n", 1)[0]
-                if self.drop_sends and line.startswith(b"POST ") and b"/messages " in line:
-                    self.drop_sends -= 1
-                    doomed = True
-                uwriter.write(data)
-                await uwriter.drain()
-
-        async def down() -> None:
-            while data := await ureader.read(65536):
-                if doomed:  # the server answered the send: the client never hears it
-                    break
-                cwriter.write(data)
-                await cwriter.drain()
-
-        try:
-            await asyncio.wait(
-                [asyncio.ensure_future(up()), asyncio.ensure_future(down())],
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            self.conns.discard(pair)
-            cwriter.transport.abort()
-            uwriter.transport.abort()
-
-    def cut(self) -> int:
-        conns = list(self.conns)
-        for c, u in conns:
-            c.transport.abort()
-            u.transport.abort()
-        return len(conns)
-
-    async def close(self) -> None:
-        self.cut()
-        if self.server is not None:
-            self.server.close()
 
 
 @pytest.fixture
@@ -311,7 +258,7 @@ async def test_the_stream_survives_a_killed_and_restarted_server(serve, fake_ope
         assert len(gaps) == 1 and gaps[0].after == ids[0]  # resumed from the last id seen
         assert text_of(rest) == "echo: two"  # the queued turn, once
         assert [type(e) for e in rest].count(End) == 1
-        assert all(isinstance(e, (StartResponse, AppendText)) for e in got)
+        assert all(isinstance(e, (UserMessage, StartResponse, AppendText)) for e in got)
         history = await conv.get_messages()
         assert [m.kind for m in history] == ["user", "user", "error", "assistant"]
         assert history[2].payload["code"] == "restart" and history[1].id == queued.id

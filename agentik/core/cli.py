@@ -51,7 +51,9 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
     )
     chat = sub.add_parser("chat", help="chat with a running agentik in this terminal")
     chat.add_argument(
-        "--url", default="http://localhost:8080", help="the server (default: %(default)s)"
+        "--url",
+        help="the server (default: the one `agentik serve` starts: AGENTIK_HOST, AGENTIK_PORT, "
+        "else http://127.0.0.1:8080)",
     )
     chat.add_argument("--key", help="the API key (default: AGENTIK_API_KEY)")
     chat.add_argument("--conversation", metavar="ID", help="continue this conversation")
@@ -73,9 +75,15 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
         assert plugins is not None
         return run_plugin_command(plugin_commands[args.command], args, plugins)
     if args.command == "chat":
-        from agentik.core.chat import chat_command
+        from agentik.chat import ChatError, chat_command
 
-        return chat_command(args.url, args.key, args.conversation, args.new)
+        try:
+            chat_command(args.url, args.key, args.conversation, args.new)
+        except ChatError as e:
+            return fail(str(e))
+        except KeyboardInterrupt:  # before the chat took Ctrl-C over
+            return 130
+        return 0
     if args.command == "serve":
         return serve_command(args.host, args.port)
     if args.command == "plugins":
