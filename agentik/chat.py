@@ -29,6 +29,7 @@ from agentik.client import (
     APIError,
     ClientError,
     ConnectionFailed,
+    ExportFormat,
     RemoteAgent,
     RemoteConversation,
     RemoteEventStream,
@@ -242,6 +243,29 @@ async def read_after(conv: RemoteConversation, after: str | None) -> list[Messag
         if len(page) < PAGE:
             return records
         after = page[-1].id
+
+
+async def find_conversation(agent: RemoteAgent, arg: str) -> RemoteConversation:
+    """The conversation ``arg`` names: a number of ``/list``, an id or its start, a title or
+    its start (case ignored). :class:`LookupError` says why none."""
+    infos = await agent.list_conversations(0, PAGE)
+    if arg.isdigit() and 1 <= int(arg) <= len(infos):
+        matches = [infos[int(arg) - 1]]
+    else:
+        folded = arg.casefold()
+        matches = (
+            [i for i in infos if i.id == arg]
+            or [i for i in infos if i.id.startswith(arg)]
+            or [i for i in infos if (i.title or "").casefold() == folded]
+            or [i for i in infos if (i.title or "").casefold().startswith(folded)]
+        )
+    if len(matches) > 1:
+        names = ", ".join(f"{i.title or '(untitled)'} ({i.id})" for i in matches[:5])
+        raise LookupError(f"{arg!r} could be {len(matches)} conversations: {names}")
+    conv = await agent.get_conversation(matches[0].id if matches else arg)
+    if conv is None:
+        raise LookupError(f"no conversation {arg!r}")
+    return conv
 
 
 # --- the chat --------------------------------------------------------------------------------
@@ -578,28 +602,6 @@ class Chat:
             when = info.updated_at.strftime("%Y-%m-%d %H:%M")
             self.say(f"  {i:>2}. {info.title or '(untitled)'}  {when}  {info.id}")
 
-    async def find(self, arg: str) -> RemoteConversation:
-        """The conversation ``/open`` names: a number of ``/list``, an id or its start, a
-        title or its start (case ignored). :class:`LookupError` says why none."""
-        infos = await self.agent.list_conversations(0, PAGE)
-        if arg.isdigit() and 1 <= int(arg) <= len(infos):
-            matches = [infos[int(arg) - 1]]
-        else:
-            folded = arg.casefold()
-            matches = (
-                [i for i in infos if i.id == arg]
-                or [i for i in infos if i.id.startswith(arg)]
-                or [i for i in infos if (i.title or "").casefold() == folded]
-                or [i for i in infos if (i.title or "").casefold().startswith(folded)]
-            )
-        if len(matches) > 1:
-            names = ", ".join(f"{i.title or '(untitled)'} ({i.id})" for i in matches[:5])
-            raise LookupError(f"{arg!r} could be {len(matches)} conversations: {names}")
-        conv = await self.agent.get_conversation(matches[0].id if matches else arg)
-        if conv is None:
-            raise LookupError(f"no conversation {arg!r}")
-        return conv
-
     # --- commands -----------------------------------------------------------------------------
 
     async def command(self, line: str) -> bool:
@@ -619,7 +621,7 @@ class Chat:
                 self.say("(no conversations yet)")
         elif name == "/open" and arg:
             try:
-                await self.open(await self.find(arg))
+                await self.open(await find_conversation(self.agent, arg))
             except LookupError as e:
                 self.say(str(e.args[0]))
         elif name == "/rename" and arg:
@@ -725,6 +727,24 @@ def _via(record: Message) -> Via | None:
 # --- the command --------------------------------------------------------------------------------
 
 
+async def check_server(agent: RemoteAgent) -> None:
+    """At once, not after retries: is there an agentik server, and does it take our key?"""
+    url = agent.url
+    try:
+        await agent.request("GET", "/conversations", params={"limit": 1}, retry=False)
+    except ConnectionFailed:
+        raise ChatError(
+            f"no agentik server at {url} — start one with 'make serve' or 'agentik serve', "
+            "or pass --url"
+        ) from None
+    except Unauthorized as e:
+        raise ChatError(
+            f"{url} refused the API key ({e.message}): give --key or AGENTIK_API_KEY"
+        ) from None
+    except APIError as e:
+        raise ChatError(f"{url} does not answer as an agentik server: {e}") from None
+
+
 @contextlib.contextmanager
 def terminal(fd: int, out: TextIO) -> Iterator[bool]:
     """Bracketed paste on, and escape characters echoed as they are (not as ``^[``), while the
@@ -760,19 +780,7 @@ async def chat(url: str, key: str | None, conversation_id: str | None, new: bool
         raise ChatError(str(e)) from None
     fd = sys.stdin.fileno()
     async with agent:
-        try:  # at once, not after retries: is there a server at all?
-            await agent.request("GET", "/conversations", params={"limit": 1}, retry=False)
-        except ConnectionFailed:
-            raise ChatError(
-                f"no agentik server at {url} — start one with 'make serve' or "
-                "'agentik serve', or pass --url"
-            ) from None
-        except Unauthorized as e:
-            raise ChatError(
-                f"{url} refused the API key ({e.message}): give --key or AGENTIK_API_KEY"
-            ) from None
-        except APIError as e:
-            raise ChatError(f"{url} does not answer as an agentik server: {e}") from None
+        await check_server(agent)
         with terminal(fd, sys.stdout) as tty:
             session = Chat(agent, tty=tty, me=me)
             session.input = Input(whole=not tty)
@@ -795,3 +803,25 @@ async def chat(url: str, key: str | None, conversation_id: str | None, new: bool
 def chat_command(url: str | None, key: str | None, conversation_id: str | None, new: bool) -> None:
     """``agentik chat``; ``url`` None: :func:`default_url`."""
     asyncio.run(chat(url or default_url(), key, conversation_id, new))
+
+
+async def export(url: str, key: str | None, conversation: str, form: ExportFormat) -> str:
+    try:
+        agent = RemoteAgent(url, api_key=key)
+    except ClientError as e:
+        raise ChatError(str(e)) from None
+    async with agent:
+        await check_server(agent)
+        try:
+            conv = await find_conversation(agent, conversation)
+            return await conv.export(form)
+        except LookupError as e:
+            raise ChatError(str(e.args[0])) from None
+        except ClientError as e:
+            raise ChatError(f"{url}: {e}") from None
+
+
+def export_command(url: str | None, key: str | None, conversation: str, form: ExportFormat) -> None:
+    """``agentik export``: the conversation (named as ``/open`` names one) on stdout."""
+    sys.stdout.write(asyncio.run(export(url or default_url(), key, conversation, form)))
+    sys.stdout.flush()

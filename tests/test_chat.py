@@ -466,3 +466,52 @@ def test_a_reply_survives_a_cutting_proxy_and_an_outage(serve, fake_openai_proc)
     finally:
         child.close()
         proxy.close()
+
+
+def test_agentik_export_prints_a_conversation_of_a_server(serve, fake_openai_proc):
+    """Through the client, as a remote server would be asked: a conversation named by the
+    start of its id or its title, as Markdown or JSON; an unknown one is one line, status 2."""
+    import subprocess
+
+    from agentik.client import RemoteAgent
+    from agentik.core.types import MessageContext, TextPart
+
+    _, base = serve(openai_env(fake_openai_proc))
+
+    async def make() -> str:
+        async with RemoteAgent(base) as agent:
+            conv = await agent.create_conversation(title="Weekly report")
+            events = conv.events()
+            await conv.send([TextPart("numbers please")], MessageContext("event", "cron"))
+            async for event in events:
+                if event.type == "End":
+                    break
+            await events.aclose()
+            return conv.id
+
+    cid = asyncio.run(make())
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTIK_")}
+
+    def export(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "agentik"), "export", *args, "--url", base],
+            capture_output=True,
+            text=True,
+            env=clean,
+            timeout=30,
+        )
+
+    md = export(cid[:10])
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.startswith("# Weekly report\n")
+    assert "numbers please" in md.stdout and "echo: [EVENT] cron\nnumbers please" in md.stdout
+    assert '"origin": "event"' in md.stdout  # the context, with the message
+    as_json = export("weekly", "--format", "json")
+    document = json.loads(as_json.stdout)
+    assert document["conversation"]["id"] == cid
+    kinds = [m["type"] for m in document["messages"]]
+    assert kinds == ["user", "assistant"] and document["stats"]["turns"] == 1
+    assert document["messages"][1]["tokens"]["input"] is not None  # tokens are in it
+    missing = export("nonesuch")
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "agentik: error: no conversation 'nonesuch'"

@@ -20,6 +20,7 @@ from agentik.core.types import (
     Via,
     content_from_json,
 )
+from agentik_transport_http import export
 from agentik_transport_http.sse import StreamHub, resume_point
 
 HUB = web.AppKey("agentik.http.streams", StreamHub)
@@ -269,6 +270,25 @@ async def conversation_stats(request: web.Request) -> web.Response:
     stats = await conv.token_stats()
     return web.json_response(
         {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
+    )
+
+
+@routes.get("/conversations/{id}/export")
+async def export_conversation(request: web.Request) -> web.Response:
+    form = request.query.get("format", "md")
+    if form not in export.FORMATS:
+        raise InvalidInput(f"format must be one of {', '.join(export.FORMATS)}, got {form[:40]!r}")
+    conv = await conversation_or_404(request)
+    records = await export.all_messages(conv)
+    stats = await conv.token_stats()
+    write = export.as_json if form == "json" else export.as_markdown
+    counts = {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
+    text = write(conv_json(conv), counts, records)
+    return web.Response(
+        text=text,
+        content_type=export.FORMATS[form],
+        charset="utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{conv.id}.{form}"'},
     )
 
 
