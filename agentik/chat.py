@@ -292,6 +292,7 @@ class Chat:
         self.mid_line = False  # the cursor is not at the start of a line
         self.at_prompt = False
         self.status_shown = False  # the last line is a status line (rewritten in place)
+        self.in_reply = False  # the cursor is right after the agent's text: more text follows on
         self.reply: list[str] = []  # the text shown of the turn being streamed
         self.ledger = Ledger()
         # after a Gap: the replayed events, held until their turn's End says whether the
@@ -315,7 +316,16 @@ class Chat:
         self.out.write(text + end)
         self.out.flush()
         self.mid_line = not end.endswith("\n")
-        self.at_prompt = False
+        self.at_prompt = self.in_reply = False
+
+    def reply_text(self, text: str) -> None:
+        """The agent's text, after ``agent> `` when it does not go on from the last text (not
+        flushed: :meth:`print_events` does when no more events are waiting)."""
+        if not self.in_reply:
+            self.say("agent> ", end="")
+            self.in_reply = True
+        self.out.write(text)
+        self.mid_line = not text.endswith("\n")
 
     def prompt(self) -> None:
         self.say("you> ", end="")
@@ -428,6 +438,8 @@ class Chat:
                     self.hold(event)
                 else:
                     self.show(event)
+                if not stream.pending:  # one write for the events that came together
+                    self.out.flush()
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -438,14 +450,9 @@ class Chat:
 
     def show(self, event: Event) -> None:
         if isinstance(event, AppendText):
-            if event.reasoning:
-                return
-            if not self.mid_line or self.status_shown or self.at_prompt:
-                self.say("agent> ", end="")
-            self.out.write(event.text)
-            self.out.flush()
-            self.reply.append(event.text)
-            self.mid_line = not event.text.endswith("\n")
+            if not event.reasoning:
+                self.reply_text(event.text)
+                self.reply.append(event.text)
         elif isinstance(event, UserMessage):
             self.show_user(event.id, event.via, event.text)
         elif isinstance(event, End):
@@ -481,7 +488,7 @@ class Chat:
             self.out.write("\n")
             self.out.flush()
             self.mid_line = False
-        self.reply = []
+        self.reply, self.in_reply = [], False
         if turn_id is not None:
             self.ledger.ended.add(turn_id)
         if turn_id is None or turn_id == self.waiting:  # None: a server that does not say
@@ -537,10 +544,7 @@ class Chat:
         elif shown:
             self.say()  # a different reply: on a line of its own
         if text:
-            if not self.mid_line or self.status_shown:
-                self.say("agent> ", end="")
-            self.out.write(text)
-            self.mid_line = not text.endswith("\n")
+            self.reply_text(text)
         if record.kind == "error":
             self.say(f"[error: {p.get('message')}" + (f" ({p['code']})]" if p.get("code") else "]"))
         elif p.get("interrupted"):

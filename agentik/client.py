@@ -440,18 +440,51 @@ class RemoteEventStream:
     def __aiter__(self) -> RemoteEventStream:
         return self
 
+    @property
+    def pending(self) -> int:
+        """Frames already read and not yielded yet: the next reads return at once (a reader
+        may wait with its output until this is 0)."""
+        return len(self._ready)
+
     async def __anext__(self) -> Event:
         # state lives on the object, not in a generator: a read cancelled at any await (a
         # caller's timeout) leaves the stream as it was, and the next read goes on
         ready = self._ready
-        while True:
-            while not ready:
-                await self._fill()
+        while not ready:
+            resp = self._resp
+            if resp is None or self._closed:
+                resp = await self._reconnect()  # StopAsyncIteration when closed or gone
+            try:
+                chunk = await resp.content.readany()
+            except NETWORK_ERRORS:
+                chunk = b""  # dropped: resume below
+            if self._closed:
+                raise StopAsyncIteration
+            if not chunk:
+                resp.close()
+                self._resp = None
+                continue
+            buffer = self._buffer + chunk if self._buffer else chunk
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                self._buffer = buffer
+            elif end == len(buffer) - 2:  # one whole frame: the usual chunk of a live stream
+                self._buffer = b""
+                seq, event = self._parse(buffer[:end])
+                if seq is not None:
+                    self.last_event_id = seq
+                if event is not None:
+                    return event
+            else:
+                *frames, self._buffer = buffer.split(b"\n\n")
+                ready.extend(map(self._parse, frames))
+        while ready:
             seq, event = ready.popleft()
             if seq is not None:
                 self.last_event_id = seq  # as each is yielded: the resume point is exact
             if event is not None:
                 return event
+        return await self.__anext__()  # only ids or comments were ready
 
     async def aclose(self) -> None:
         """Stop reading; a task waiting for the next event gets ``StopAsyncIteration``."""
@@ -467,31 +500,12 @@ class RemoteEventStream:
         if self._resp is not None:
             self._resp.close()  # wakes a reader in another task, which then stops
 
-    async def _fill(self) -> None:
-        """Read the next piece of the stream into ``_ready``; reconnect when it dropped."""
-        if self._closed:
-            raise StopAsyncIteration
-        resp = self._resp
-        if resp is None:
-            resp = await self._reconnect()
-        try:
-            chunk = await resp.content.readany()
-        except NETWORK_ERRORS:
-            chunk = b""  # dropped: resume below
-        if self._closed:
-            raise StopAsyncIteration
-        if not chunk:
-            resp.close()
-            self._resp = None
-            return
-        buffer = self._buffer + chunk
-        if b"\n\n" not in buffer:
-            self._buffer = buffer
-            return
-        *frames, self._buffer = buffer.split(b"\n\n")
-        self._ready.extend(map(self._parse, frames))
-
     async def _reconnect(self) -> aiohttp.ClientResponse:
+        """The connection to read: the subscription made with the stream, else a new one
+        from ``last_event_id``; ``StopAsyncIteration`` when closed or the conversation is
+        gone."""
+        if self._closed:
+            raise StopAsyncIteration
         opening = self._opening
         if opening is not None:  # the subscription made with the stream
             try:

@@ -5,6 +5,8 @@ connections and a killed server, sends retried without duplicates, errors, API k
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -401,3 +403,80 @@ async def test_a_silent_stream_reconnects_from_its_last_id_and_slow_requests_tim
         await stream.aclose()
         with pytest.raises(ConnectionFailed, match=r"gave up after 0\.8 s: timed out"):
             await agent.list_conversations()
+
+
+async def test_a_read_the_caller_gives_up_on_ends_nothing(aiohttp_server):
+    """``wait_for(stream.__anext__(), t)`` timing out used to cancel the stream's generator:
+    the stream ended silently. Now the next read goes on, on the same connection, nothing lost
+    or repeated."""
+    from aiohttp import web
+
+    connections = 0
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        nonlocal connections
+        connections += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'id: 1\nevent: StartResponse\ndata: {"type":"StartResponse"}\n\n')
+        for i in range(2, 5):
+            await asyncio.sleep(0.4)  # slower than the reader waits
+            frame = json.dumps({"type": "AppendText", "text": str(i)})
+            await resp.write(f"id: {i}\nevent: AppendText\ndata: {frame}\n\n".encode())
+        await resp.write(b'id: 5\nevent: End\ndata: {"type":"End"}\n\n')
+        await asyncio.sleep(10)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/agentik/events", events)
+    server = await aiohttp_server(app)
+    async with RemoteAgent(str(server.make_url(""))) as agent:
+        stream = agent.events()
+        got: list[Event] = []
+        timeouts = 0
+        while not got or not isinstance(got[-1], End):
+            try:
+                got.append(await asyncio.wait_for(stream.__anext__(), 0.1))
+            except TimeoutError:
+                timeouts += 1
+        assert timeouts >= 3
+        assert got == [StartResponse(), AppendText("2"), AppendText("3"), AppendText("4"), End()]
+        assert stream.last_event_id == 5 and connections == 1
+        await stream.aclose()
+
+
+async def test_without_a_time_limit_it_keeps_trying_and_says_so(serve, fake_openai_proc):
+    """``retry_for=None``: a stream and a send outlast a server that is away longer than any
+    window (SIGKILL, restarted after a pause); ``on_retry`` hears every failed try, with the
+    time since the first, then the recovery; back-off is capped at a second."""
+    env = openai_env(fake_openai_proc, AGENTIK_PORT=str(free_port()))
+    proc, base = serve(env)
+    heard: list[tuple[str, float, bool]] = []
+
+    def on_retry(what: str, seconds: float, failure: Exception | None) -> None:
+        heard.append((what, seconds, failure is not None))
+
+    async with RemoteAgent(base, retry_for=None, on_retry=on_retry) as agent:
+        conv = await agent.create_conversation()
+        events = conv.events()
+        await conv.send([TextPart("before")])
+        await turn(events)
+        assert heard == []  # while connected it costs nothing
+        proc.stop(signal.SIGKILL)
+        sending = asyncio.ensure_future(conv.send([TextPart("while away")]))
+        reading = asyncio.ensure_future(turn(events, timeout=60))
+        await asyncio.sleep(4)
+        assert not sending.done() and not reading.done()  # still trying
+        proc, _ = await asyncio.get_running_loop().run_in_executor(None, serve, env)
+        sent = await asyncio.wait_for(sending, 30)
+        got = await asyncio.wait_for(reading, 30)
+        await events.aclose()
+    assert any(isinstance(e, Gap) for e in got) and got[-1] == End(sent.id)
+    assert text_of(got) == "echo: while away"
+    for what in {w for w, _, _ in heard}:
+        tries = [(s, failed) for w, s, failed in heard if w == what]
+        assert tries[-1][1] is False  # the recovery, said once at the end
+        failures = [s for s, failed in tries if failed]
+        assert failures == sorted(failures) and failures[-1] > 3
+        waits = [b - a for a, b in itertools.pairwise(failures)]
+        assert max(waits) < 1.6  # capped (1 s, plus the time a try takes)

@@ -54,7 +54,8 @@ async def test_a_streamed_conversation_end_to_end(serve, fake_openai_proc):
         await post_message(s, base, cid)
         frames = await read_sse(events)
         events.close()
-        assert frames[0]["event"] == "StartResponse" and frames[-1]["event"] == "End"
+        assert frames[0]["event"] == "UserMessage" and frames[-1]["event"] == "End"
+        assert frames[1]["event"] == "StartResponse"
         text = "".join(f["data"]["text"] for f in frames if f["event"] == "AppendText")
         assert text == "Hi there, how can I help?"
         items = await history(s, base, cid)
@@ -84,7 +85,7 @@ async def test_tool_call_end_to_end_is_linked_in_history(serve, fake_openai_proc
         cid = await new_conversation(s, base)
         events = await s.get(f"{base}/agentik/conversations/{cid}/events")
         await post_message(s, base, cid)
-        frames = await read_sse(events)
+        frames = (await read_sse(events))[1:]  # after the UserMessage
         kinds = [f["event"] for f in frames]
         assert kinds[0] == "ToolCall" and kinds[1] == "ToolResult" and kinds[-1] == "End"
         assert frames[1]["data"]["callId"] == frames[0]["data"]["callId"]
@@ -104,7 +105,7 @@ async def test_upstream_errors_follow_the_error_path(serve, fake_openai_proc):
         cid = await new_conversation(s, base)
         events = await s.get(f"{base}/agentik/conversations/{cid}/events")
         await post_message(s, base, cid)
-        frames = await read_sse(events)
+        frames = (await read_sse(events))[1:]  # after the UserMessage
         assert [f["event"] for f in frames] == ["Error", "End"]
         assert frames[0]["data"]["code"] == "http_503"
         assert "overloaded" in frames[0]["data"]["message"]
