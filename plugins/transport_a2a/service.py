@@ -213,9 +213,7 @@ class A2AService:
             conv = await self.agent.aliased_conversation(NAMESPACE, context_id)
             after, sent = conv.last_event_id, utcnow()
             # a client that resends a message it got no answer for starts no second turn
-            record = await conv.send(
-                content, idempotency_key=f"a2a:{message.message_id}", via=VIA
-            )
+            record = await conv.send(content, idempotency_key=f"a2a:{message.message_id}", via=VIA)
         except InvalidInput as e:
             raise errors.InvalidParamsError(message=str(e)) from None
         except ConversationClosed as e:

@@ -149,9 +149,7 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
         # in step: the client's messages end where the agent's history does
         in_step = new.prior_ids >= set(known) if known else not new.prior_ids
         after, started = conv.last_event_id, utcnow()
-        msg = await conv.send(
-            parts, context, idempotency_key=f"agui:{new.users[-1].id}", via=VIA
-        )
+        msg = await conv.send(parts, context, idempotency_key=f"agui:{new.users[-1].id}", via=VIA)
     except Refused as e:
         return error_response(400, e.code, str(e))
     except InvalidInput as e:
