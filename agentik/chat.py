@@ -35,6 +35,7 @@ from agentik.client import (
     RemoteEventStream,
     Unauthorized,
 )
+from agentik.core.protocol import read_history
 from agentik.core.types import (
     AppendText,
     Compacted,
@@ -234,17 +235,6 @@ class Ledger:
             yield record, turn
 
 
-async def read_after(conv: RemoteConversation, after: str | None) -> list[Message]:
-    """Every history record after the record ``after`` (None: all of them), oldest first."""
-    records: list[Message] = []
-    while True:
-        page = await conv.get_messages(after, 0, PAGE)
-        records += page
-        if len(page) < PAGE:
-            return records
-        after = page[-1].id
-
-
 async def find_conversation(agent: RemoteAgent, arg: str) -> RemoteConversation:
     """The conversation ``arg`` names: a number of ``/list``, an id or its start, a title or
     its start (case ignored). :class:`LookupError` says why none."""
@@ -415,7 +405,7 @@ class Chat:
         self.stream = conv.events()  # subscribed now; the history read next is older
         self.ledger = Ledger()
         self.held, self.reply = None, []
-        for _record, _turn in self.ledger.follow(await read_after(conv, None)):
+        for _record, _turn in self.ledger.follow(await read_history(conv, None)):
             pass  # where the history ends: a later Gap is read from there
         self.printer = asyncio.create_task(self.print_events(self.stream))
         self.say(f"conversation {conv.id}" + (f" ({conv.title})" if conv.title else ""))
@@ -504,7 +494,7 @@ class Chat:
         assert self.conv is not None
         self.held = None
         try:
-            records = await read_after(self.conv, self.ledger.mark)
+            records = await read_history(self.conv, self.ledger.mark)
         except ClientError as e:
             self.say(f"[some events were missed; /history shows the conversation ({e})]")
             return
@@ -641,7 +631,7 @@ class Chat:
 
     async def history(self, conv: RemoteConversation) -> None:
         """The last messages, oldest first (the API pages from the oldest)."""
-        messages = (await read_after(conv, None))[-HISTORY_SIZE:]
+        messages = (await read_history(conv, None))[-HISTORY_SIZE:]
         for m in messages:
             self.say(describe_message(m))
         if not messages:

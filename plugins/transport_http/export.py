@@ -12,20 +12,7 @@ from typing import Any
 from agentik.core.types import Message
 
 FORMATS = {"md": "text/markdown", "json": "application/json"}
-PAGE = 200
 _BACKTICKS = re.compile(r"`+")
-
-
-async def all_messages(conv: Any) -> list[Message]:
-    """Every record of the conversation, oldest first."""
-    records: list[Message] = []
-    after: str | None = None
-    while True:
-        page = await conv.get_messages(after, 0, PAGE)
-        records += page
-        if len(page) < PAGE:
-            return records
-        after = page[-1].id
 
 
 def as_json(conversation: dict[str, Any], stats: dict[str, Any], records: list[Message]) -> str:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
 from agentik.core.app import AGENT, error_response
+from agentik.core.protocol import read_history
 from agentik.core.types import (
     ConversationInfo,
     InvalidInput,
@@ -279,7 +280,7 @@ async def export_conversation(request: web.Request) -> web.Response:
     if form not in export.FORMATS:
         raise InvalidInput(f"format must be one of {', '.join(export.FORMATS)}, got {form[:40]!r}")
     conv = await conversation_or_404(request)
-    records = await export.all_messages(conv)
+    records = await read_history(conv)
     stats = await conv.token_stats()
     write = export.as_json if form == "json" else export.as_markdown
     counts = {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
