@@ -775,9 +775,9 @@ async def chat(url: str, key: str | None, conversation_id: str | None, new: bool
     fd = sys.stdin.fileno()
     async with agent:
         await check_server(agent)
-        with terminal(fd, sys.stdout) as tty:
-            session = Chat(agent, tty=tty, me=me)
-            session.input = Input(whole=not tty)
+        with terminal(fd, sys.stdout) as typed:
+            session = Chat(agent, tty=sys.stdout.isatty(), me=me)
+            session.input = Input(whole=not typed)  # a pipe's whole input is one message
             agent.on_retry = session.on_retry
             try:
                 loop.add_reader(fd, session.on_input, fd)

@@ -12,10 +12,23 @@ import os
 import re
 import signal
 import time
+from datetime import UTC, datetime
+from typing import Any
 
 import pexpect
 
-from agentik.chat import Input, default_url
+from agentik.chat import Chat, Input, default_url
+from agentik.core.types import (
+    AppendText,
+    End,
+    Event,
+    Gap,
+    Message,
+    StartResponse,
+    TextPart,
+    UserMessage,
+    Via,
+)
 from tests.conftest import BIN, free_port, script_fake
 from tests.proxy import ThreadedProxy
 from tests.test_serve import openai_env
@@ -517,3 +530,92 @@ def test_agentik_export_prints_a_conversation_of_a_server(serve, fake_openai_pro
     missing = export("nonesuch")
     assert missing.returncode == 2
     assert missing.stderr.strip() == "agentik: error: no conversation 'nonesuch'"
+
+
+# --- a Gap, filled from the history (the chat's ledger, without a server) ----------------------
+
+
+class FakeConversation:
+    """The history side of a conversation: ``get_messages`` over a list of records."""
+
+    def __init__(self) -> None:
+        self.records: list[Message] = []
+
+    def add(self, kind: str, mid: str, **payload: Any) -> None:
+        self.records.append(Message(mid, "conv-1", kind, datetime.now(UTC), payload))
+
+    async def get_messages(self, after: str | None, offset: int, limit: int) -> list[Message]:
+        ids = [r.id for r in self.records]
+        start = ids.index(after) + 1 if after is not None else 0
+        return self.records[start + offset : start + offset + limit]
+
+
+class FakeStream:
+    def __init__(self, events: list[Event]) -> None:
+        self.events = iter(events)
+        self.pending = 0
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return next(self.events)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+
+def user_event(mid: str, text: str, sender: str) -> UserMessage:
+    return UserMessage(
+        mid, "conv-1", datetime.now(UTC), (TextPart(text),), None, Via("http", sender)
+    )
+
+
+def text_record(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "body": text}]
+
+
+async def test_a_gap_shows_what_was_lost_once_and_nothing_when_nothing_was():
+    """A crash cut our turn ("W") mid-reply while another viewer's message ("Q") waited; after
+    the restart Q ran. The history shows W's end and Q's reply; the replay of Q that follows
+    is not shown again; what comes after the replay streams as usual."""
+    out = io.StringIO()
+    chat = Chat(None, out, me="chat-me")  # type: ignore[arg-type]  # no server: history only
+    conv = FakeConversation()
+    conv.add("user", "m0", content=text_record("earlier"))
+    conv.add("assistant", "a0", text="long ago")
+    chat.conv = conv  # type: ignore[assignment]
+    list(chat.ledger.follow(list(conv.records)))  # what open() reads
+    chat.waiting = "W"
+    before = [
+        user_event("W", "mine", "chat-me"),
+        user_event("Q", "theirs", "chat-other"),
+        StartResponse(),
+        AppendText("Hel"),
+    ]
+    await chat.print_events(FakeStream(before))  # type: ignore[arg-type]
+    conv.add("user", "W", content=text_record("mine"))
+    conv.add("user", "Q", content=text_record("theirs"))
+    restart = "the turn was cut off by a server restart"
+    conv.add("error", "e1", message=restart, code="restart", userMessageId="W", partialText="Hel")
+    conv.add("assistant", "a1", text="answer to theirs")
+    after = [
+        Gap(41),  # the restarted server lost the old stream: the history fills in
+        StartResponse(),  # the replay of Q's turn, which ran after the restart
+        AppendText("answer to theirs"),
+        End("Q"),
+        user_event("N", "new one", "chat-other"),  # after the replay: live again
+        StartResponse(),
+        AppendText("fresh"),
+        End("N"),
+        Gap(99),  # a restart while idle: nothing lost, nothing said
+    ]
+    await chat.print_events(FakeStream(after))  # type: ignore[arg-type]
+    shown = out.getvalue()
+    assert chat.turn_over.is_set()  # our turn is over: the prompt comes back
+    assert shown.count("[chat-other] theirs") == 1 and "mine" not in shown
+    assert f"[error: {restart} (restart)]" in shown
+    assert shown.count("answer to theirs") == 1
+    assert "[chat-other] new one" in shown and shown.count("fresh") == 1
+    assert "missed" not in shown
+    assert shown.index("Hel") < shown.index("[error") < shown.index("answer to theirs")
