@@ -650,7 +650,7 @@ class Chat:
     # --- the loop -----------------------------------------------------------------------------
 
     async def run(self, conversation_id: str | None, new: bool) -> None:
-        await self.pick(conversation_id, new)
+        await self.until_leave(self.pick(conversation_id, new))  # Ctrl-C twice leaves it too
         if not self.leave.is_set():
             self.say(HELP)
         while not self.leave.is_set():
