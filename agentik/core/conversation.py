@@ -59,6 +59,8 @@ from agentik.core.types import (
     ToolCall,
     ToolResult,
     Truncated,
+    UserMessage,
+    Via,
     content_from_json,
     content_text,
     content_to_json,
@@ -192,15 +194,17 @@ class ChatConversation:
         context: MessageContext | None = None,
         *,
         idempotency_key: str | None = None,
+        via: Via | None = None,
     ) -> Message:
         """Record the user message (durably), queue its turn and return the record.
 
         With an ``idempotency_key`` this conversation already took, nothing is stored or run
         again: the first message's record is returned (a client retrying a send whose answer it
-        never got)."""
+        never got). ``via``: the transport that took it and the sender it names (a transport
+        passes it; kept on the record and shown to other viewers in ``UserMessage``)."""
         if self._evicted:
             live = await self._current()
-            return await live.send(content, context, idempotency_key=idempotency_key)
+            return await live.send(content, context, idempotency_key=idempotency_key, via=via)
         if self._closed:
             raise ConversationClosed(f"conversation {self.id} is closed")
         if not content:
@@ -216,6 +220,8 @@ class ChatConversation:
         payload: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             payload["context"] = context.to_json()
+        if via is not None:
+            payload["via"] = via.to_json()
         msg = Message(new_id("msg"), self.id, "user", utcnow(), payload)
         # shielded: once the write started, the turn is queued even if the caller goes away
         # (a client that disconnects before its 202)
@@ -247,6 +253,9 @@ class ChatConversation:
         self.updated_at = msg.created_at
         self.agent.touch(self.id)
         self.requeue([msg])
+        accepted = UserMessage.of(msg)  # every viewer sees what starts the turns that follow
+        self._events.publish(accepted)
+        self.agent.announce(accepted)
         self.agent.publish("ConversationUpdated", self.id)
         return msg
 
@@ -538,7 +547,7 @@ class ChatConversation:
 
     def _end(self, turn: _Turn) -> None:
         turn.ended = True
-        self._emit(End())
+        self._emit(End(turn.user.id))
 
     async def _turn_body(self, turn: _Turn) -> None:
         text = turn.llm_text = self._llm_text(turn.user)
