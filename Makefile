@@ -55,7 +55,8 @@ lint: install-test
 	$(BIN)/ruff format --check .
 
 typecheck: install-test
-	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/api.py agentik/client.py agentik/protocol_check.py
+	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/api.py agentik/client.py agentik/chat.py \
+		agentik/protocol_check.py
 
 unit: install-test
 	$(BIN)/pytest -q

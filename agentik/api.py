@@ -101,6 +101,8 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
         TextPart,
         ToolCall,
         ToolResult,
+        UserMessage,
+        Via,
     )
 
 #: public name -> the module that holds it today (the only place that changes when it moves)
@@ -193,6 +195,8 @@ _WHERE = {
             "TextPart",
             "ToolCall",
             "ToolResult",
+            "UserMessage",
+            "Via",
         ],
         "agentik.core.types",
     ),

@@ -15,20 +15,22 @@
 What the network adds is handled here: a send is retried with the same ``Idempotency-Key`` when
 its connection breaks (so it is never stored twice), an event stream that drops reconnects with
 ``Last-Event-ID`` and goes on where it stopped (a ``Gap`` the server reports is passed on), and
-an HTTP error is raised as :class:`APIError` with the server's code and message.
+an HTTP error is raised as :class:`APIError` with the server's code and message. How long it
+keeps trying is ``retry_for`` (None: for as long as the caller waits), and ``on_retry`` hears
+of every failed try and of the recovery (``agentik chat`` shows ``[reconnecting… 3s]``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, TypeAlias
 from urllib.parse import quote
 
 import aiohttp
@@ -59,6 +61,11 @@ DEFAULT_URL = "http://localhost:8080"
 API = "/agentik"
 RETRYABLE_STATUS = frozenset({502, 503, 504})  # a 5xx means "not done": safe to do again
 NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+FIRST_DELAY, MAX_DELAY = 0.05, 1.0  # seconds between tries: doubling up to the cap
+#: ``on_retry(what, seconds, failure)``: after each failed try of ``what`` (``seconds`` since its
+#: first failure), and once with ``failure=None`` when a try after failures succeeds
+RetryHook: TypeAlias = Callable[[str, float, Exception | None], None]
+ExportFormat: TypeAlias = Literal["md", "json"]
 
 
 class ClientError(Exception):
@@ -120,23 +127,35 @@ def _why(error: Exception) -> str:
 
 
 class _Retries:
-    """The waits between tries of one thing: growing delays, then :class:`ConnectionFailed`
-    once ``seconds`` have passed."""
+    """The waits between tries of one thing: growing delays up to :data:`MAX_DELAY`, then
+    :class:`ConnectionFailed` once the agent's ``retry_for`` seconds have passed (never when it
+    is None). Each wait and the recovery are told to the agent's ``on_retry``."""
 
-    def __init__(self, seconds: float, what: str) -> None:
+    def __init__(self, agent: RemoteAgent, what: str) -> None:
         self.loop = asyncio.get_running_loop()
-        self.seconds = seconds
-        self.deadline = self.loop.time() + seconds
+        self.seconds = agent.retry_for
+        self.start = self.loop.time()
+        self.deadline = None if self.seconds is None else self.start + self.seconds
         self.what = what
-        self.delay = 0.05
+        self.delay = FIRST_DELAY
+        self.hook = agent.on_retry
+        self.failed = False
 
     async def wait(self, failure: Exception) -> None:
-        if self.loop.time() + self.delay > self.deadline:
+        now = self.loop.time()
+        if self.deadline is not None and now + self.delay > self.deadline:
             raise ConnectionFailed(
                 f"{self.what}: gave up after {self.seconds:g} s: {_why(failure)}"
             ) from failure
+        self.failed = True
+        if self.hook is not None:
+            self.hook(self.what, now - self.start, failure)
         await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, 1.0)
+        self.delay = min(self.delay * 2, MAX_DELAY)
+
+    def succeeded(self) -> None:
+        if self.failed and self.hook is not None:
+            self.hook(self.what, self.loop.time() - self.start, None)
 
 
 def _info(data: dict[str, Any]) -> ConversationInfo:
@@ -155,9 +174,11 @@ class RemoteAgent:
     ``api_key``: sent as ``Authorization: Bearer``; by default ``AGENTIK_API_KEY``'s first key.
     ``timeout``: seconds for one request. ``retry_for``: how long a request that may be
     repeated (reads, renames, sends, which carry an idempotency key) and a dropped event stream
-    keep trying to reach the server before :class:`ConnectionFailed`. ``stream_idle``: seconds
-    without a byte (the server pings every ``AGENTIK_SSE_HEARTBEAT``, 15 s by default) after
-    which an event stream counts as dropped and reconnects.
+    keep trying to reach the server before :class:`ConnectionFailed`; None: until the caller
+    stops waiting (cancels). ``stream_idle``: seconds without a byte (the server pings every
+    ``AGENTIK_SSE_HEARTBEAT``, 15 s by default) after which an event stream counts as dropped
+    and reconnects. ``sender``: the name sends give by default (other viewers see it in
+    ``UserMessage`` events). ``on_retry``: see :data:`RetryHook` (it must not raise).
     """
 
     def __init__(
@@ -166,9 +187,11 @@ class RemoteAgent:
         *,
         api_key: str | None = None,
         timeout: float = 30.0,
-        retry_for: float = 30.0,
+        retry_for: float | None = 30.0,
         stream_idle: float = 60.0,
         session: aiohttp.ClientSession | None = None,
+        sender: str | None = None,
+        on_retry: RetryHook | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ClientError(f"the URL must start with http:// or https://, got {url!r}")
@@ -177,6 +200,8 @@ class RemoteAgent:
         self.timeout = timeout
         self.retry_for = retry_for
         self.stream_idle = stream_idle
+        self.sender = sender
+        self.on_retry = on_retry
         self._session = session
         self._own_session = session is None
         self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -253,15 +278,17 @@ class RemoteAgent:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         retry: bool | None = None,
+        text: bool = False,
     ) -> Any:
-        """One API call (``path`` under ``/agentik``); the decoded JSON answer (None for 204).
-        ``retry`` (default: for GET and PATCH) repeats it after a network error or a 502-504
-        for up to ``retry_for`` seconds: only for requests that are safe to do twice."""
+        """One API call (``path`` under ``/agentik``); the decoded JSON answer (None for 204),
+        or with ``text`` the body as text. ``retry`` (default: for GET and PATCH) repeats it
+        after a network error or a 502-504 for up to ``retry_for`` seconds: only for requests
+        that are safe to do twice."""
         if method != "GET" and self._opening:
             await asyncio.wait(list(self._opening), timeout=self.timeout)
         if retry is None:
             retry = method in ("GET", "PATCH")
-        retries = _Retries(self.retry_for, f"{method} {path}")
+        retries = _Retries(self, f"{method} {path}")
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         while True:
             try:
@@ -273,8 +300,12 @@ class RemoteAgent:
                     headers={**self._headers, **(headers or {})},
                     timeout=timeout,
                 ) as resp:
+                    if resp.status not in RETRYABLE_STATUS:
+                        retries.succeeded()  # the server answered
                     if resp.status < 300:
-                        return None if resp.status == 204 else await resp.json()
+                        if resp.status == 204:
+                            return None
+                        return await (resp.text() if text else resp.json())
                     error = await _api_error(resp)
                     if not retry or resp.status not in RETRYABLE_STATUS:
                         raise error
@@ -319,13 +350,18 @@ class RemoteConversation:
         context: MessageContext | None = None,
         *,
         idempotency_key: str | None = None,
+        sender: str | None = None,
     ) -> Message:
         """Record the user message and queue its turn (202); returns the stored record. Sent
         with an ``Idempotency-Key`` (a new one unless given) and retried with it after a broken
-        connection: the server stores the message once however often it arrives."""
+        connection: the server stores the message once however often it arrives. ``sender``
+        (default: the agent's) names this client to other viewers."""
         body: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             body["context"] = context.to_json()
+        sender = sender or self.agent.sender
+        if sender is not None:
+            body["sender"] = sender
         key = idempotency_key or uuid.uuid4().hex
         data = await self.agent.request(
             "POST",
@@ -359,6 +395,14 @@ class RemoteConversation:
         answer = await self.agent.request("POST", f"{self._path}/interrupt")
         return bool(answer["interrupted"])
 
+    async def export(self, format: ExportFormat = "md") -> str:
+        """The whole conversation as the server exports it: Markdown (``md``) or JSON text
+        (``json``: the conversation, every record, the token stats)."""
+        answer = await self.agent.request(
+            "GET", f"{self._path}/export", params={"format": format}, text=True
+        )
+        return str(answer)
+
     async def token_stats(self) -> dict[str, Any]:
         """``{"turns", "input", "output", "total", "contextTokens"}`` (docs/http_api.md)."""
         return await self.agent.request("GET", f"{self._path}/stats")  # type: ignore[no-any-return]
@@ -367,9 +411,11 @@ class RemoteConversation:
 class RemoteEventStream:
     """Server-sent events as typed :class:`~agentik.core.types.Event` objects.
 
-    It subscribes when made (not at the first read). When the connection drops or the server
-    restarts, it reconnects with ``Last-Event-ID`` and goes on after the last event it yielded:
-    nothing is repeated, and what the server no longer has comes as the server's ``Gap``. It
+    It subscribes when made (not at the first read). When the connection drops, the server
+    restarts or nothing arrives for ``stream_idle`` seconds, it reconnects with
+    ``Last-Event-ID`` and goes on after the last event it yielded: nothing is repeated, and what
+    the server no longer has comes as the server's ``Gap``. A read the caller gives up on (a
+    timeout around ``__anext__``) loses nothing and ends nothing: the next read goes on. It
     ends when its conversation is deleted; :class:`ConnectionFailed` when the server stays out
     of reach for ``retry_for`` seconds. ``last_event_id`` is the id to resume from later.
     """
@@ -378,88 +424,135 @@ class RemoteEventStream:
         self.agent = agent
         self.url = f"{agent.url}{path}"
         self.last_event_id = after
-        self._opening = asyncio.ensure_future(self._connect(first=True))
+        self._opening: asyncio.Future[aiohttp.ClientResponse | None] | None = asyncio.ensure_future(
+            self._connect(first=True)
+        )
         agent._opening.add(self._opening)
         self._opening.add_done_callback(agent._opening.discard)
         self._opening.add_done_callback(lambda f: f.cancelled() or f.exception())  # read later
         agent._streams.add(self)
         self._resp: aiohttp.ClientResponse | None = None  # the connection being read
+        self._buffer = b""  # the start of a frame not complete yet
+        #: parsed, not yielded yet: (event id, event); an id alone moves the resume point
+        self._ready: deque[tuple[int | None, Event | None]] = deque()
         self._closed = False
-        self._gen = self._read()
 
     def __aiter__(self) -> RemoteEventStream:
         return self
 
-    def __anext__(self) -> Awaitable[Event]:  # the generator's own: no extra layer per event
-        return self._gen.__anext__()
+    @property
+    def pending(self) -> int:
+        """Frames already read and not yielded yet: the next reads return at once (a reader
+        may wait with its output until this is 0)."""
+        return len(self._ready)
+
+    async def __anext__(self) -> Event:
+        # state lives on the object, not in a generator: a read cancelled at any await (a
+        # caller's timeout) leaves the stream as it was, and the next read goes on
+        ready = self._ready
+        while not ready:
+            resp = self._resp
+            if resp is None or self._closed:
+                resp = await self._reconnect()  # StopAsyncIteration when closed or gone
+            try:
+                chunk = await resp.content.readany()
+            except NETWORK_ERRORS:
+                chunk = b""  # dropped: resume below
+            if self._closed:
+                raise StopAsyncIteration
+            if not chunk:
+                resp.close()
+                self._resp = None
+                continue
+            buffer = self._buffer + chunk if self._buffer else chunk
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                self._buffer = buffer
+            elif end == len(buffer) - 2:  # one whole frame: the usual chunk of a live stream
+                self._buffer = b""
+                seq, event = self._parse(buffer[:end])
+                if seq is not None:
+                    self.last_event_id = seq
+                if event is not None:
+                    return event
+            else:
+                *frames, self._buffer = buffer.split(b"\n\n")
+                ready.extend(map(self._parse, frames))
+        while ready:
+            seq, event = ready.popleft()
+            if seq is not None:
+                self.last_event_id = seq  # as each is yielded: the resume point is exact
+            if event is not None:
+                return event
+        return await self.__anext__()  # only ids or comments were ready
 
     async def aclose(self) -> None:
         """Stop reading; a task waiting for the next event gets ``StopAsyncIteration``."""
         self._closed = True
         self.agent._streams.discard(self)
-        if not self._opening.done():
-            self._opening.cancel()
-        elif not self._opening.cancelled() and self._opening.exception() is None:
-            resp = self._opening.result()
+        opening = self._opening
+        if opening is not None and not opening.done():
+            opening.cancel()
+        elif opening is not None and not opening.cancelled() and opening.exception() is None:
+            resp = opening.result()
             if resp is not None:
                 resp.close()
         if self._resp is not None:
             self._resp.close()  # wakes a reader in another task, which then stops
-        with contextlib.suppress(RuntimeError):  # "already running": that reader stops itself
-            await self._gen.aclose()
 
-    async def _read(self) -> AsyncGenerator[Event, None]:
-        resp: aiohttp.ClientResponse | None = await self._opening
-        try:
-            while resp is not None and not self._closed:
-                self._resp = resp
-                buffer = b""
-                try:
-                    while chunk := await resp.content.readany():
-                        buffer += chunk
-                        if b"\n\n" not in buffer:
-                            continue
-                        *frames, buffer = buffer.split(b"\n\n")
-                        for frame in frames:
-                            event = self._parse(frame)
-                            if event is not None:
-                                yield event
-                except NETWORK_ERRORS:
-                    pass  # dropped: resume below
-                resp.close()
-                resp = self._resp = None
-                if not self._closed:
-                    resp = await self._connect(first=False)
-        finally:
+    async def _reconnect(self) -> aiohttp.ClientResponse:
+        """The connection to read: the subscription made with the stream, else a new one
+        from ``last_event_id``; ``StopAsyncIteration`` when closed or the conversation is
+        gone."""
+        if self._closed:
+            raise StopAsyncIteration
+        opening = self._opening
+        if opening is not None:  # the subscription made with the stream
+            try:
+                # shielded: a caller's timeout must not undo the subscription
+                resp = await asyncio.shield(opening)
+            except asyncio.CancelledError:
+                if self._closed and opening.cancelled():
+                    raise StopAsyncIteration from None
+                raise
+            self._opening = None
+        else:
+            resp = await self._connect(first=False)
+        if resp is None or self._closed:  # the conversation is gone, or closed meanwhile
             if resp is not None:
                 resp.close()
+            self._closed = True
+            raise StopAsyncIteration
+        self._resp, self._buffer = resp, b""
+        return resp
 
-    def _parse(self, frame: bytes) -> Event | None:
+    @staticmethod
+    def _parse(frame: bytes) -> tuple[int | None, Event | None]:
+        """A frame's id and event (None: a comment such as ``: ping``, an id alone, or an
+        event type this version does not know)."""
         if frame.startswith(b"id: "):  # the server's layout: "id: N\nevent: T\ndata: JSON"
             end = frame.find(b"\n")
             start = frame.find(b"\ndata: ", end)
             if end > 0 and start > 0 and frame.find(b"\n", start + 7) < 0:
-                self.last_event_id = int(frame[4:end])
-                return event_from_json(json.loads(frame[start + 7 :]))
+                return int(frame[4:end]), event_from_json(json.loads(frame[start + 7 :]))
+        seq: int | None = None
         data: list[bytes] = []  # any other layout the SSE format allows
         for line in frame.split(b"\n"):
             if line.startswith(b"data:"):
                 data.append(line[6:] if line[5:6] == b" " else line[5:])
             elif line.startswith(b"id:"):
-                self.last_event_id = int(line[3:])
-        if not data:
-            return None  # a comment (": ping") or an id alone
-        return event_from_json(json.loads(b"\n".join(data)))
+                seq = int(line[3:])
+        return seq, event_from_json(json.loads(b"\n".join(data))) if data else None
 
     async def _connect(self, *, first: bool) -> aiohttp.ClientResponse | None:
         """The stream's response, from ``last_event_id``; None when the conversation is gone
-        (a reconnect answered 404)."""
+        (a reconnect answered 404) or the stream was closed."""
         agent = self.agent
-        retries = _Retries(agent.retry_for, f"event stream {self.url}")
+        retries = _Retries(agent, f"event stream {self.url}")
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=agent.timeout, sock_read=agent.stream_idle
         )
-        while True:
+        while not self._closed:
             headers = {**agent._headers, "Accept": "text/event-stream"}
             if self.last_event_id is not None:
                 headers["Last-Event-ID"] = str(self.last_event_id)
@@ -468,6 +561,8 @@ class RemoteEventStream:
             except NETWORK_ERRORS as e:
                 failure: Exception = e
             else:
+                if resp.status not in RETRYABLE_STATUS:
+                    retries.succeeded()  # the server answered
                 if resp.status == 200:
                     start = resp.headers.get("Last-Event-ID", "")
                     if self.last_event_id is None and start.isdigit():
@@ -481,3 +576,4 @@ class RemoteEventStream:
                     raise error
                 failure = error
             await retries.wait(failure)
+        return None

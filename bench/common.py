@@ -300,9 +300,10 @@ def agentik_env(fake_port: int, port: int, db: str | None = None, **extra: str) 
         AGENTIK_PORT=str(port),
         AGENTIK_DB_PATH=db or str(_TMP / f"agentik-{port}.db"),
         AGENTIK_LOG_LEVEL="warning",
-        # the floors do a bare turn: no memory prefetch and review, no reflection calls
+        # the floors do a bare turn: no memory prefetch and review, no reflection or title calls
         AGENTIK_MEMORY_BACKEND="off",
         AGENTIK_REFLECTION_INTERVAL="0",
+        AGENTIK_AUTO_TITLE="0",
         **extra,
     )
 

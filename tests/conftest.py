@@ -166,6 +166,9 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 "AGENTIK_HOST": "127.0.0.1",
                 "AGENTIK_DB_PATH": str(tmp_path / "agentik.db"),
                 "AGENTIK_MEMORY_BACKEND": "off",  # tests of memory turn it on
+                # a title call after the first reply would take the fake's next scripted
+                # reply; tests of titles turn it on
+                "AGENTIK_AUTO_TITLE": "0",
                 "AGENTIK_MODELS_DIR": str(tmp_path / "models"),  # never the user's cache
                 **env,
             }

@@ -13,7 +13,15 @@ from agentik.core.agent import ConversationClosed
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, ToolResultInput, Usage
 from agentik.core.testing import ScriptedLLM, test_plugins
 from agentik.core.tools import ToolError, tool
-from agentik.core.types import ImagePart, InvalidInput, MessageContext, TextPart
+from agentik.core.types import (
+    AgentEvent,
+    End,
+    ImagePart,
+    InvalidInput,
+    MessageContext,
+    TextPart,
+    UserMessage,
+)
 from tests.conftest import collect_turn
 
 
@@ -51,6 +59,7 @@ async def test_turn_streams_events_and_records_history(make_agent):
     user = await conv.send(text("hi"))
     got = await events
     assert [e.type for e in got] == [
+        "UserMessage",
         "StartReasoning",
         "AppendText",
         "StartResponse",
@@ -58,6 +67,10 @@ async def test_turn_streams_events_and_records_history(make_agent):
         "AppendText",
         "End",
     ]
+    # the accepted message first, for every viewer; the turn's End names it
+    assert got[0] == UserMessage(user.id, conv.id, user.created_at, (TextPart("hi"),))
+    assert got[-1] == End(user.id)
+    got = got[1:]
     assert got[1].reasoning and got[1].text == "hmm"
     msgs = await conv.get_messages()
     assert kinds(msgs) == ["user", "assistant"]
@@ -95,7 +108,7 @@ async def test_tool_loop_records_linked_pairs_and_feeds_results_back(make_agent)
     events = asyncio.ensure_future(collect_turn(conv))
     await asyncio.sleep(0)
     await conv.send(text("2+3?"))
-    got = await events
+    got = (await events)[1:]  # after the UserMessage
     types = [e.type for e in got]
     assert types == [
         "StartResponse",
@@ -158,7 +171,7 @@ async def test_llm_error_path(make_agent):
     events = asyncio.ensure_future(collect_turn(conv))
     await asyncio.sleep(0)
     await conv.send(text("second"))
-    got = await events
+    got = (await events)[1:]  # after the UserMessage
     assert [e.type for e in got] == ["Error", "End"]
     assert (got[0].message, got[0].code) == ("upstream said 503", "http_503")
     msgs = await conv.get_messages()
@@ -356,8 +369,9 @@ async def test_agent_events_report_conversation_changes(make_agent):
 
     async def watch() -> None:
         async for event in agent.events():
-            seen.append((event.kind, event.conversation_id))
-            if event.kind == "ConversationDeleted":
+            kind = event.kind if isinstance(event, AgentEvent) else event.type
+            seen.append((kind, event.conversation_id))
+            if kind == "ConversationDeleted":
                 return
 
     watcher = asyncio.ensure_future(watch())
@@ -369,6 +383,7 @@ async def test_agent_events_report_conversation_changes(make_agent):
     await asyncio.wait_for(watcher, 5)
     assert [k for k, _ in seen] == [
         "ConversationCreated",
+        "UserMessage",
         "ConversationUpdated",
         "TurnStarted",
         "TurnEnded",

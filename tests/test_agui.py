@@ -241,6 +241,8 @@ async def test_a_second_run_on_a_busy_thread_queues_and_streams_only_its_turn(
     client = await make_client(ScriptedLLM(["slow "] * 20, ["fast"], delay=0.01))
     first = asyncio.create_task(run(client, run_input("t-10", [user("u-1", "a")])))
     await asyncio.sleep(0.05)
+    # the second message's UserMessage comes on the conversation's stream while the first run
+    # streams: no run shows it, both stay valid (run() checks them with ag-ui-validate)
     second = await run(client, run_input("t-10", [user("u-2", "b")], runId="run-2"))
     assert text_of(second) == "fast"
     assert text_of(await first) == "slow " * 20

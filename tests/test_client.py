@@ -5,6 +5,8 @@ connections and a killed server, sends retried without duplicates, errors, API k
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -31,9 +33,11 @@ from agentik.core.types import (
     TextPart,
     ToolCall,
     ToolResult,
+    UserMessage,
 )
 from agentik_llm_openai.backend import OpenAIBackend
 from tests.conftest import free_port, script_fake
+from tests.proxy import Proxy
 from tests.test_serve import openai_env
 
 KEY = "client-test-key-0123456789"
@@ -78,7 +82,12 @@ async def scenario(agent: Agent, script: Callable[..., Awaitable[None]]) -> None
     context = MessageContext("event", "scheduled check", "cron-1", {"k": 1})
     sent = await conv.send([TextPart("wake up")], context)
     got = await turn(events)
-    assert isinstance(got[0], StartResponse) and isinstance(got[-1], End)
+    # every viewer sees the accepted message first, then its turn, whose End names it
+    accepted = got[0]
+    assert isinstance(accepted, UserMessage) and accepted.id == sent.id
+    assert accepted.content == (TextPart("wake up"),) and accepted.context == context
+    assert accepted.conversation_id == conv.id and accepted.created_at == sent.created_at
+    assert isinstance(got[1], StartResponse) and got[-1] == End(sent.id)
     assert text_of(got) == "Hello there, friend"
     history = await conv.get_messages()
     assert [m.kind for m in history] == ["user", "assistant"]
@@ -89,7 +98,9 @@ async def scenario(agent: Agent, script: Callable[..., Awaitable[None]]) -> None
     first = await conv.send([TextPart("once")], idempotency_key="key-1")
     second = await conv.send([TextPart("once")], idempotency_key="key-1")
     assert first.id == second.id
-    assert text_of(await turn(events)) == "echo: once"
+    got = await turn(events)
+    assert text_of(got) == "echo: once"
+    assert [e.id for e in got if isinstance(e, UserMessage)] == [first.id]  # announced once
 
     # a tool round (the tool does not exist here: the loop records the error and goes on)
     await script({"tool_calls": [["lookup", {"q": "x"}]]}, {"text": "done"})
@@ -148,68 +159,6 @@ async def test_the_protocol_scenario_over_http(serve, fake_openai_proc):
 
 
 # --- a proxy whose connections the test cuts ---------------------------------------------------
-
-
-class Proxy:
-    """A TCP proxy on loopback in front of the server: :meth:`cut` drops every connection;
-    ``drop_sends`` drops that many sends' answers (the server got and stored them)."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.port = 0
-        self.drop_sends = 0
-        self.conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{self.port}"
-
-    async def handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.target)
-        pair = (cwriter, uwriter)
-        self.conns.add(pair)
-        doomed = False
-
-        async def up() -> None:
-            nonlocal doomed
-            while data := await creader.read(65536):
-                line = data.split(b"\r\n", 1)[0]
-                if self.drop_sends and line.startswith(b"POST ") and b"/messages " in line:
-                    self.drop_sends -= 1
-                    doomed = True
-                uwriter.write(data)
-                await uwriter.drain()
-
-        async def down() -> None:
-            while data := await ureader.read(65536):
-                if doomed:  # the server answered the send: the client never hears it
-                    break
-                cwriter.write(data)
-                await cwriter.drain()
-
-        try:
-            await asyncio.wait(
-                [asyncio.ensure_future(up()), asyncio.ensure_future(down())],
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            self.conns.discard(pair)
-            cwriter.transport.abort()
-            uwriter.transport.abort()
-
-    def cut(self) -> int:
-        conns = list(self.conns)
-        for c, u in conns:
-            c.transport.abort()
-            u.transport.abort()
-        return len(conns)
-
-    async def close(self) -> None:
-        self.cut()
-        if self.server is not None:
-            self.server.close()
 
 
 @pytest.fixture
@@ -313,7 +262,7 @@ async def test_the_stream_survives_a_killed_and_restarted_server(serve, fake_ope
         assert len(gaps) == 1 and gaps[0].after == ids[0]  # resumed from the last id seen
         assert text_of(rest) == "echo: oneecho: two"  # the cut turn again, then the queued one
         assert [type(e) for e in rest].count(End) == 2
-        assert all(isinstance(e, (StartResponse, AppendText)) for e in got)
+        assert all(isinstance(e, (UserMessage, StartResponse, AppendText)) for e in got)
         history = await conv.get_messages()
         assert [m.kind for m in history] == ["user", "user", "assistant", "assistant"]
         assert history[1].id == queued.id
@@ -456,3 +405,80 @@ async def test_a_silent_stream_reconnects_from_its_last_id_and_slow_requests_tim
         await stream.aclose()
         with pytest.raises(ConnectionFailed, match=r"gave up after 0\.8 s: timed out"):
             await agent.list_conversations()
+
+
+async def test_a_read_the_caller_gives_up_on_ends_nothing(aiohttp_server):
+    """``wait_for(stream.__anext__(), t)`` timing out used to cancel the stream's generator:
+    the stream ended silently. Now the next read goes on, on the same connection, nothing lost
+    or repeated."""
+    from aiohttp import web
+
+    connections = 0
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        nonlocal connections
+        connections += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'id: 1\nevent: StartResponse\ndata: {"type":"StartResponse"}\n\n')
+        for i in range(2, 5):
+            await asyncio.sleep(0.4)  # slower than the reader waits
+            frame = json.dumps({"type": "AppendText", "text": str(i)})
+            await resp.write(f"id: {i}\nevent: AppendText\ndata: {frame}\n\n".encode())
+        await resp.write(b'id: 5\nevent: End\ndata: {"type":"End"}\n\n')
+        await asyncio.sleep(10)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/agentik/events", events)
+    server = await aiohttp_server(app)
+    async with RemoteAgent(str(server.make_url(""))) as agent:
+        stream = agent.events()
+        got: list[Event] = []
+        timeouts = 0
+        while not got or not isinstance(got[-1], End):
+            try:
+                got.append(await asyncio.wait_for(stream.__anext__(), 0.1))
+            except TimeoutError:
+                timeouts += 1
+        assert timeouts >= 3
+        assert got == [StartResponse(), AppendText("2"), AppendText("3"), AppendText("4"), End()]
+        assert stream.last_event_id == 5 and connections == 1
+        await stream.aclose()
+
+
+async def test_without_a_time_limit_it_keeps_trying_and_says_so(serve, fake_openai_proc):
+    """``retry_for=None``: a stream and a send outlast a server that is away longer than any
+    window (SIGKILL, restarted after a pause); ``on_retry`` hears every failed try, with the
+    time since the first, then the recovery; back-off is capped at a second."""
+    env = openai_env(fake_openai_proc, AGENTIK_PORT=str(free_port()))
+    proc, base = serve(env)
+    heard: list[tuple[str, float, bool]] = []
+
+    def on_retry(what: str, seconds: float, failure: Exception | None) -> None:
+        heard.append((what, seconds, failure is not None))
+
+    async with RemoteAgent(base, retry_for=None, on_retry=on_retry) as agent:
+        conv = await agent.create_conversation()
+        events = conv.events()
+        await conv.send([TextPart("before")])
+        await turn(events)
+        assert heard == []  # while connected it costs nothing
+        proc.stop(signal.SIGKILL)
+        sending = asyncio.ensure_future(conv.send([TextPart("while away")]))
+        reading = asyncio.ensure_future(turn(events, timeout=60))
+        await asyncio.sleep(4)
+        assert not sending.done() and not reading.done()  # still trying
+        proc, _ = await asyncio.get_running_loop().run_in_executor(None, serve, env)
+        sent = await asyncio.wait_for(sending, 30)
+        got = await asyncio.wait_for(reading, 30)
+        await events.aclose()
+    assert any(isinstance(e, Gap) for e in got) and got[-1] == End(sent.id)
+    assert text_of(got) == "echo: while away"
+    for what in {w for w, _, _ in heard}:
+        tries = [(s, failed) for w, s, failed in heard if w == what]
+        assert tries[-1][1] is False  # the recovery, said once at the end
+        failures = [s for s, failed in tries if failed]
+        assert failures == sorted(failures) and failures[-1] > 3
+        waits = [b - a for a, b in itertools.pairwise(failures)]
+        assert max(waits) < 1.6  # capped (1 s, plus the time a try takes)

@@ -63,7 +63,7 @@ async def test_events_yields_event_objects_and_event_items_their_ids(make_agent)
         got.append(event)
         if isinstance(event, End):
             break
-    assert [e.type for e in got] == ["StartResponse", "AppendText", "End"]
+    assert [e.type for e in got] == ["UserMessage", "StartResponse", "AppendText", "End"]
     first = await items.__anext__()
     assert isinstance(first, StreamItem) and first.event == got[0]
     resumed = conv.event_items(after=first.seq)

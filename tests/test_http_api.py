@@ -192,10 +192,13 @@ async def test_sse_streams_a_turn_with_ids(client):
     await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
     frames = await read_sse(events)
     events.close()
-    assert [f["event"] for f in frames] == ["StartResponse", "AppendText", "End"]
+    assert [f["event"] for f in frames] == ["UserMessage", "StartResponse", "AppendText", "End"]
     ids = [int(f["id"]) for f in frames]
-    assert ids == sorted(ids) and len(set(ids)) == 3
-    assert frames[1]["data"] == {"type": "AppendText", "text": "echo: hello"}
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    assert frames[2]["data"] == {"type": "AppendText", "text": "echo: hello"}
+    accepted = frames[0]["data"]
+    assert accepted["content"] == TEXT and accepted["via"] == {"transport": "http"}
+    assert frames[3]["data"] == {"type": "End", "turnId": accepted["id"]}
 
 
 async def test_last_event_id_resume_gets_every_missed_event_once_in_order(aiohttp_client):
@@ -235,7 +238,8 @@ async def test_a_stream_says_where_it_starts_so_an_early_drop_loses_nothing(aioh
     assert resumed.headers["Last-Event-ID"] == start
     frames = await read_sse(resumed)
     resumed.close()
-    assert [f["event"] for f in frames] == ["StartResponse", "AppendText", "AppendText", "End"]
+    kinds = [f["event"] for f in frames]
+    assert kinds == ["UserMessage", "StartResponse", "AppendText", "AppendText", "End"]
     agent_events = await client.get("/agentik/events", headers={"Last-Event-ID": "5"})
     assert agent_events.headers["Last-Event-ID"] == "5"
     agent_events.close()
@@ -254,7 +258,7 @@ async def test_two_hundred_sse_subscribers_all_get_the_whole_turn(aiohttp_client
         for s in streams:
             s.close()
     assert all(r == results[0] for r in results)
-    assert len(results[0]) == 32  # StartResponse + 30 deltas + End
+    assert len(results[0]) == 33  # UserMessage, StartResponse, 30 deltas, End
 
 
 async def test_a_client_that_disconnects_never_stops_the_turn(aiohttp_client):
@@ -346,7 +350,9 @@ async def test_a_client_that_never_reads_does_not_block_the_turn(aiohttp_client)
     await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
     frames = await read_sse(fast, timeout=60)
     fast.close()
-    assert len(frames) == 2002  # the reading client got everything, the stuck one held nobody
+    # the reading client got everything (UserMessage, StartResponse, the deltas, End), the
+    # stuck one held nobody
+    assert len(frames) == 2003
     await finish_turn(client, cid)
     items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
     assert len(items[-1]["text"]) == 4096 * 2000

@@ -403,7 +403,7 @@ async def test_turns_over_sse_reuse_the_conversation(aiohttp_client, tmp_path):
         frames = await read_sse(events)
         events.close()
         kinds = [f["event"] for f in frames]
-        assert kinds[0] == "StartResponse" and kinds[-1] == "End", kinds
+        assert kinds[:2] == ["UserMessage", "StartResponse"] and kinds[-1] == "End", kinds
         text = "".join(f["data"]["text"] for f in frames if f["event"] == "AppendText")
         assert text == REPLY
         for _ in range(200):
@@ -424,7 +424,7 @@ async def test_a_tool_call_goes_through_the_agent_tool_loop(aiohttp_client, tmp_
     events = await client.get(f"/agentik/conversations/{cid}/events")
     body = [{"type": "text", "body": f"{TRIGGER} please"}]
     assert (await client.post(f"/agentik/conversations/{cid}/messages", json=body)).status == 202
-    frames = await read_sse(events)
+    frames = (await read_sse(events))[1:]  # after the UserMessage
     events.close()
     kinds = [f["event"] for f in frames]
     assert kinds[:2] == ["ToolCall", "ToolResult"] and kinds[-1] == "End", kinds

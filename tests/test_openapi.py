@@ -176,7 +176,7 @@ class Api:
                 return None
             media = resp.headers["Content-Type"].partition(";")[0].strip()
             assert media in spec["content"], f"{where}: {media} not documented for {status}"
-            body = json.loads(text)
+            body = json.loads(text) if media == "application/json" else text
             validate(body, spec["content"][media]["schema"], where)
             return body
 
@@ -363,10 +363,13 @@ async def test_server_matches_document(api: Api) -> None:
         interrupt=True,
     )
     assert [f["event"] for f in interrupted][-2:] == ["Interrupted", "End"]
+    accepted = next(f["data"] for f in interrupted if f["event"] == "UserMessage")
+    assert interrupted[-1]["data"] == {"type": "End", "turnId": accepted["id"]}
     idle = await api.call("POST", f"{base}/interrupt", 202)
     assert idle == {"interrupted": False}
     conv_events = {f["event"] for f in stream.frames}
     assert conv_events == {
+        "UserMessage",
         "StartReasoning",
         "StartResponse",
         "AppendText",
@@ -403,6 +406,15 @@ async def test_server_matches_document(api: Api) -> None:
     temp_history = await api.call("GET", f"/agentik/conversations/{temp['id']}/messages", 200)
     assert temp_history["items"] == []
 
+    # the whole conversation in one document
+    everything = await api.call("GET", f"{base}/messages", 200, params={"limit": "200"})
+    exported = await api.call("GET", f"{base}/export", 200, params={"format": "json"})
+    assert exported["messages"] == everything["items"]
+    assert exported["conversation"]["id"] == cid and exported["stats"]["conversationId"] == cid
+    markdown = await api.call("GET", f"{base}/export", 200)
+    assert markdown.startswith("# renamed\n") and "**Tool call** `echo_tool`" in markdown
+    await api.call("GET", f"{base}/export", 400, params={"format": "pdf"})
+
     # token stats: the tool round-trip counted (10 in; 14 + 3 - 10 out), the others could not
     stats = await api.call("GET", f"{base}/stats", 200)
     assert stats == {
@@ -415,6 +427,13 @@ async def test_server_matches_document(api: Api) -> None:
     }
     totals = await api.call("GET", "/agentik/stats", 200)
     assert totals == {"conversations": 1, "turns": 3, "input": 10, "output": 7, "total": 17}
+    named = await api.call(  # who sent it, and through which transport, is on the record
+        "POST",
+        f"/agentik/conversations/{temp['id']}/messages",
+        202,
+        json={"content": TEXT, "sender": "a viewer"},
+    )
+    assert named["via"] == {"transport": "http", "sender": "a viewer"}
 
     # errors
     unknown = "/agentik/conversations/conv-nope"
@@ -426,6 +445,7 @@ async def test_server_matches_document(api: Api) -> None:
     await api.call("POST", f"{unknown}/interrupt", 404)
     await api.call("GET", f"{unknown}/events", 404)
     await api.call("GET", f"{unknown}/stats", 404)
+    await api.call("GET", f"{unknown}/export", 404)
     await api.call("GET", f"{base}/messages", 404, params={"after": "msg-nope"})
     as_json = {"Content-Type": "application/json"}
     await api.call("POST", "/agentik/conversations", 400, data=b"{bad json", headers=as_json)
@@ -451,6 +471,7 @@ async def test_server_matches_document(api: Api) -> None:
     )
     agent_stream.close()
     assert {f["event"] for f in agent_stream.frames} == {
+        "UserMessage",
         "ConversationCreated",
         "ConversationUpdated",
         "ConversationDeleted",
@@ -562,6 +583,13 @@ MESSAGE_BODIES: list[tuple[Any, int]] = [
         202,
     ),
     ({"content": TEXT, "context": {"origin": "event", "description": "cron"}}, 202),
+    ({"content": TEXT, "sender": "chat-1a2b3c"}, 202),
+    ({"content": TEXT, "sender": "s" * 200}, 202),
+    ({"content": TEXT, "sender": None}, 202),
+    ({"content": TEXT, "sender": ""}, 400),
+    ({"content": TEXT, "sender": "s" * 201}, 400),
+    ({"content": TEXT, "sender": "two\nlines"}, 400),
+    ({"content": TEXT, "sender": 5}, 400),
     ({"content": TEXT, "context": {"origin": "event"}}, 400),
     ({"content": TEXT, "context": {"origin": "system", "description": None}}, 400),
     ({"content": TEXT, "context": {"origin": "event", "description": "  "}}, 400),

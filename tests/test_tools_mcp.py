@@ -663,7 +663,7 @@ async def test_end_to_end_through_agentik_serve(serve, fake_openai_proc, tmp_pat
         body = [{"type": "text", "body": "what time is it in Paris?"}]
         async with s.post(f"{base}/agentik/conversations/{cid}/messages", json=body) as r:
             assert r.status == 202
-        frames = await read_sse(events, timeout=20)
+        frames = (await read_sse(events, timeout=20))[1:]  # after the UserMessage
         events.close()
         kinds = [f["event"] for f in frames]
         assert kinds[:2] == ["ToolCall", "ToolResult"] and kinds[-1] == "End"

@@ -309,7 +309,8 @@ class ChatAgent:
 
     def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
         """Agent-level events (``AgentEvent``: a conversation created, updated, deleted, a turn
-        started or ended) after ``after``; None: from this call on."""
+        started or ended; ``UserMessage``: a message accepted in a conversation) after
+        ``after``; None: from this call on."""
         return unwrap(self.event_items(after))
 
     @property
@@ -334,6 +335,10 @@ class ChatAgent:
 
     def publish(self, kind: str, conversation_id: str) -> None:
         self._events.publish(AgentEvent(kind, conversation_id))
+
+    def announce(self, event: Event) -> None:
+        """Put an event of a conversation on the agent's stream as it is (``UserMessage``)."""
+        self._events.publish(event)
 
     def system_prompt(self) -> str:
         parts = []

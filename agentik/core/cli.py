@@ -35,9 +35,7 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
     parser = argparse.ArgumentParser(
         prog="agentik",
         description="Self-hosted runtime for one stateful chat agent.",
-        # listing them would load every plugin (and aiohttp) for the help
-        epilog="Plugins add commands (`agentik plugins` shows register_commands), e.g. "
-        "`agentik models list`; `agentik COMMAND --help` describes one.",
+        epilog="Plugins add commands too (listed above); `agentik COMMAND --help` describes one.",
     )
     parser.add_argument("--version", action="version", version=f"agentik {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -63,16 +61,27 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
     new.add_argument("name", help="the plugin's name, e.g. heartbeat (-> agentik-heartbeat)")
     new.add_argument("--dir", default=".", help="where to write it (default: %(default)s)")
     chat = sub.add_parser("chat", help="chat with a running agentik in this terminal")
-    chat.add_argument(
-        "--url", default="http://localhost:8080", help="the server (default: %(default)s)"
-    )
-    chat.add_argument("--key", help="the API key (default: AGENTIK_API_KEY)")
     chat.add_argument("--conversation", metavar="ID", help="continue this conversation")
     chat.add_argument("--new", action="store_true", help="start a new conversation")
+    export = sub.add_parser(
+        "export", help="print a whole conversation of a running agentik (Markdown or JSON)"
+    )
+    export.add_argument("conversation", help="its id (or the start of it), title, or /list number")
+    export.add_argument("--format", choices=("md", "json"), default="md", help="default: md")
+    for client in (chat, export):
+        client.add_argument(
+            "--url",
+            help="the server (default: the one `agentik serve` starts: AGENTIK_HOST, "
+            "AGENTIK_PORT, else http://127.0.0.1:8080)",
+        )
+        client.add_argument("--key", help="the API key (default: AGENTIK_API_KEY)")
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     plugin_commands: dict[str, Any] = {}
-    if command is not None and command not in sub.choices:  # a plugin's command
+    # the plugins (and aiohttp) load only for a plugin's command or the top-level help, so
+    # `agentik serve` stays fast
+    wants_help = command is None and (not argv or "-h" in argv or "--help" in argv)
+    if wants_help or (command is not None and command not in sub.choices):
         try:
             if plugins is None:
                 from agentik.core.plugins import make_plugins
@@ -80,15 +89,30 @@ def main(argv: Sequence[str] | None = None, plugins: Plugins | None = None) -> i
                 plugins = make_plugins()
             plugin_commands = add_plugin_commands(sub, plugins)
         except Exception as e:
-            return fail(str(e), e)
+            if not wants_help:  # the help shows the core's commands all the same
+                return fail(str(e), e)
     args = parser.parse_args(argv)
     if args.command in plugin_commands:
         assert plugins is not None
         return run_plugin_command(plugin_commands[args.command], args, plugins)
     if args.command == "chat":
-        from agentik.core.chat import chat_command
+        from agentik.chat import ChatError, chat_command
 
-        return chat_command(args.url, args.key, args.conversation, args.new)
+        try:
+            chat_command(args.url, args.key, args.conversation, args.new)
+        except ChatError as e:
+            return fail(str(e))
+        except KeyboardInterrupt:  # before the chat took Ctrl-C over
+            return 130
+        return 0
+    if args.command == "export":
+        from agentik.chat import ChatError, export_command
+
+        try:
+            export_command(args.url, args.key, args.conversation, args.format)
+        except ChatError as e:
+            return fail(str(e))
+        return 0
     if args.command == "serve":
         if args.reload:
             from agentik.core.reload import serve_with_reload

@@ -19,7 +19,7 @@ from agentik.core.runner import TurnRunner
 from agentik.core.store import Store, TokenStats
 from agentik.core.stream import ConversationEvents
 from agentik.core.turns import TurnRecord
-from agentik.core.types import ContentPart, ConversationInfo, Message, MessageContext
+from agentik.core.types import ContentPart, ConversationInfo, Message, MessageContext, Via
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
@@ -82,18 +82,20 @@ class ChatConversation(ConversationEvents):
         context: MessageContext | None = None,
         *,
         idempotency_key: str | None = None,
+        via: Via | None = None,
     ) -> Message:
         """Record the user message (durably), queue its turn and return the record.
 
         With an ``idempotency_key`` this conversation already took, nothing is stored or run
         again: the first message's record is returned (a client retrying a send whose answer it
-        never got)."""
+        never got). ``via``: the transport that took it and the sender it names (a transport
+        passes it; kept on the record and shown to other viewers in ``UserMessage``)."""
         if self._evicted:
             live = await self._current()
-            return await live.send(content, context, idempotency_key=idempotency_key)
+            return await live.send(content, context, idempotency_key=idempotency_key, via=via)
         if self.closed:
             raise ConversationClosed(f"conversation {self.id} is closed")
-        return await self.inbox.accept(content, context, idempotency_key)
+        return await self.inbox.accept(content, context, idempotency_key, via)
 
     async def wait_idle(self) -> None:
         """Wait until every queued turn has run or waits (for scripts, tests, benchmarks)."""

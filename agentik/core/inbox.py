@@ -21,6 +21,8 @@ from agentik.core.types import (
     Message,
     MessageContext,
     UnknownReference,
+    UserMessage,
+    Via,
     content_to_json,
 )
 
@@ -85,11 +87,14 @@ class Inbox:
         content: Sequence[ContentPart],
         context: MessageContext | None,
         idempotency_key: str | None,
+        via: Via | None = None,
     ) -> Message:
         self.check(content)
         payload: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             payload["context"] = context.to_json()
+        if via is not None:
+            payload["via"] = via.to_json()
         msg = Message(new_id("msg"), self.conv.id, "user", utcnow(), payload)
         # shielded: once the write started, the turn is queued even if the caller goes away
         # (a client that disconnects before its 202)
@@ -121,6 +126,9 @@ class Inbox:
         conv.agent.touch(conv.id)
         self.queue.append(record)
         self.start()
+        accepted = UserMessage.of(record.user)  # every viewer sees what starts the turns after
+        conv.log.publish(accepted)
+        conv.agent.announce(accepted)
         conv.agent.publish("ConversationUpdated", conv.id)
         return record.user
 

@@ -80,3 +80,18 @@ class Agent(Protocol):
     def events(self, after: int | None = None) -> EventStream:
         """Agent-level events (``AgentEvent``: conversations created, updated, deleted…)."""
         ...
+
+
+HISTORY_PAGE = 200  # the largest page a conversation gives
+
+
+async def read_history(conv: Conversation, after: str | None = None) -> list[Message]:
+    """Every history record of ``conv`` after the record ``after`` (None: all), oldest first,
+    page by page; in process or over HTTP alike."""
+    records: list[Message] = []
+    while True:
+        page = await conv.get_messages(after, 0, HISTORY_PAGE)
+        records += page
+        if len(page) < HISTORY_PAGE:
+            return records
+        after = page[-1].id

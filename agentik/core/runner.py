@@ -270,7 +270,7 @@ class TurnRunner:
 
     def _end(self, turn: Progress) -> None:
         turn.ended = True
-        self._emit(End())
+        self._emit(End(turn.id))
 
 
 __all__ = ["INTERRUPTED_MARK", "RESTART_ERROR", "TurnRunner"]

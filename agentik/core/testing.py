@@ -194,24 +194,25 @@ TURN_TIMEOUT = 10.0  # seconds run_turn waits for a turn's End
 async def run_turn(target: ChatAgent | ChatConversation, text: str) -> Turn:
     """Send ``text`` (to a new conversation when given the agent), wait for the turn's ``End``
     (at most ``TURN_TIMEOUT`` seconds) and return its events and the history, oldest first.
-    Turns already running or queued in the conversation finish first, so the events are this
-    turn's own."""
+    Turns already running or queued in the conversation finish first; the events are this
+    turn's own (not the conversation's ``UserMessage`` that announced it)."""
     conv = await target.create_conversation() if isinstance(target, ChatAgent) else target
     await asyncio.wait_for(conv.wait_idle(), TURN_TIMEOUT)
-    events = conv.events()
-    await conv.send([TextPart(text)])
+    after = conv.last_event_id
+    sent = await conv.send([TextPart(text)])
+    items = conv.turn_events(sent.id, after)
     seen: list[Event] = []
 
     async def read() -> None:
-        async for event in events:
-            seen.append(event)
-            if event.type == "End":
+        async for item in items:
+            seen.append(item.event)
+            if item.event.type == "End":
                 return
 
     try:
         await asyncio.wait_for(read(), TURN_TIMEOUT)
     finally:
-        await events.aclose()
+        await items.aclose()
     await conv.wait_idle()
     return Turn(conv, seen, await conv.get_messages(limit=10_000))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypeAlias
@@ -174,6 +175,41 @@ class MessageContext:
         return cls(origin, description, source_id, metadata)
 
 
+SENDER_MAX = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a sender is shown on one line to others
+
+
+@dataclass(frozen=True, slots=True)
+class Via:
+    """How a user message arrived: the ``transport`` that took it (``http``, ``a2a``,
+    ``agui``…) and the ``sender`` it names, as the client gave it (a label for other viewers,
+    not an identity the server checked). Kept on the ``user`` record; never reaches the LLM."""
+
+    transport: str
+    sender: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sender is not None and not (
+            0 < len(self.sender) <= SENDER_MAX and not _CONTROL.search(self.sender)
+        ):
+            raise InvalidInput(f"sender must be 1 to {SENDER_MAX} characters, none a control")
+
+    def to_json(self) -> JSON:
+        out: JSON = {"transport": self.transport}
+        if self.sender is not None:
+            out["sender"] = self.sender
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Via:
+        if not isinstance(raw, dict) or not isinstance(raw.get("transport"), str):
+            raise InvalidInput("via must be an object with a transport")
+        sender = raw.get("sender")
+        if sender is not None and not isinstance(sender, str):
+            raise InvalidInput("via.sender must be a string")
+        return cls(raw["transport"], sender)
+
+
 # --- turn events (F1) ---------------------------------------------------------------------
 
 
@@ -246,7 +282,14 @@ class ToolResult(Event):
 
 @dataclass(frozen=True, slots=True)
 class End(Event):
+    """The turn is over. ``turn_id``: the id of the user message whose turn it ends (None when
+    a server too old to say sent it)."""
+
+    turn_id: str | None = None
     type: ClassVar[str] = "End"
+
+    def to_json(self) -> JSON:
+        return {"type": "End"} if self.turn_id is None else {"type": "End", "turnId": self.turn_id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +347,53 @@ class Gap(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class UserMessage(Event):
+    """A user message was accepted (recorded, its turn queued): on the conversation's stream
+    and the agent's, so every viewer sees what started the turns that follow. Its fields are
+    those of the ``user`` record (:meth:`record`)."""
+
+    id: str = ""
+    conversation_id: str = ""
+    created_at: datetime | None = None
+    content: tuple[ContentPart, ...] = ()
+    context: MessageContext | None = None
+    via: Via | None = None
+    type: ClassVar[str] = "UserMessage"
+
+    @classmethod
+    def of(cls, record: Message) -> UserMessage:
+        """The event of a stored ``user`` record."""
+        p = record.payload
+        context, via = p.get("context"), p.get("via")
+        return cls(
+            record.id,
+            record.conversation_id,
+            record.created_at,
+            tuple(content_from_json(p["content"])),
+            None if context is None else MessageContext.from_json(context),
+            None if via is None else Via.from_json(via),
+        )
+
+    def to_json(self) -> JSON:
+        out: JSON = {
+            "type": "UserMessage",
+            "id": self.id,
+            "conversationId": self.conversation_id,
+            "createdAt": self.created_at.isoformat() if self.created_at else None,
+            "content": content_to_json(list(self.content)),
+        }
+        if self.context is not None:
+            out["context"] = self.context.to_json()
+        if self.via is not None:
+            out["via"] = self.via.to_json()
+        return out
+
+    @property
+    def text(self) -> str:
+        return content_text(list(self.content))
+
+
+@dataclass(frozen=True, slots=True)
 class AgentEvent(Event):
     """Agent-level event: something happened to a conversation (created, updated, …)."""
 
@@ -339,7 +429,7 @@ class TokenUsage:
 class Message:
     """One audit-log record. ``payload`` holds the kind's fields in their JSON form.
 
-    Kinds and payload fields: ``user`` {content, context?}; ``assistant`` {text, tokens};
+    Kinds and payload fields: ``user`` {content, context?, via?}; ``assistant`` {text, tokens};
     ``tool_call`` {callId, toolName, argsJson}; ``tool_result`` {toolCallId, callId, toolName,
     text, isError}; ``error`` {message, code, userMessageId}; ``summary`` {text}.
     ``assistant`` also has ``interrupted: true`` when the turn was interrupted and
@@ -392,12 +482,15 @@ _EVENT_READERS: dict[str, Any] = {
     "AppendText": lambda d: AppendText(d["text"], bool(d.get("reasoning", False))),
     "ToolCall": lambda d: ToolCall(d["callId"], d["toolName"], d["argsJson"]),
     "ToolResult": lambda d: ToolResult(d["resultId"], d["callId"], d["text"], d["isError"]),
-    "End": lambda d: End(),
+    "End": lambda d: End(d.get("turnId")),
     "Interrupted": lambda d: Interrupted(),
     "Truncated": lambda d: Truncated(),
     "Error": lambda d: Error(d["message"], d.get("code")),
     "Compacted": lambda d: Compacted(d["summaryId"], d["tokensBefore"], d["tokensAfter"]),
     "Gap": lambda d: Gap(d["after"]),
+    "UserMessage": lambda d: UserMessage.of(
+        Message(d["id"], d["conversationId"], "user", datetime.fromisoformat(d["createdAt"]), d)
+    ),
 }
 
 

@@ -31,6 +31,7 @@ from agentik.core.types import (
     InvalidInput,
     TextPart,
     ToolCall,
+    Via,
 )
 from agentik_transport_a2a.tasks import StoredTask, TaskStore
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NAMESPACE = "a2a"  # of the conversation aliases: an A2A contextId names a conversation
+VIA = Via("a2a")  # what the user records and UserMessage events say of A2A sends
 REPLY = "reply"  # the artifact that carries the turn's text
 S = pb.TaskState
 TERMINAL = frozenset({S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_CANCELED,
@@ -211,7 +213,7 @@ class A2AService:
             conv = await self.agent.aliased_conversation(NAMESPACE, context_id)
             after, sent = conv.last_event_id, utcnow()
             # a client that resends a message it got no answer for starts no second turn
-            record = await conv.send(content, idempotency_key=f"a2a:{message.message_id}")
+            record = await conv.send(content, idempotency_key=f"a2a:{message.message_id}", via=VIA)
         except InvalidInput as e:
             raise errors.InvalidParamsError(message=str(e)) from None
         except ConversationClosed as e:

@@ -34,6 +34,7 @@ from agentik.core.types import (
     Message,
     MessageContext,
     TextPart,
+    Via,
     content_from_json,
 )
 from agentik_transport_agui.translate import META, RunTranslator, client_id, history_messages
@@ -41,6 +42,7 @@ from agentik_transport_agui.translate import META, RunTranslator, client_id, his
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 PAGE = 200  # history records read per query for a snapshot
 MAX_ID = 200  # a message id longer than this is no client's id (it keys a durable send)
+VIA = Via("agui")
 CLOSED = "the server stopped before the run ended; its reply is in the thread's history"
 
 
@@ -147,7 +149,7 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
         # in step: the client's messages end where the agent's history does
         in_step = new.prior_ids >= set(known) if known else not new.prior_ids
         after, started = conv.last_event_id, utcnow()
-        msg = await conv.send(parts, context, idempotency_key=f"agui:{new.users[-1].id}")
+        msg = await conv.send(parts, context, idempotency_key=f"agui:{new.users[-1].id}", via=VIA)
     except Refused as e:
         return error_response(400, e.code, str(e))
     except InvalidInput as e:

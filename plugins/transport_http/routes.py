@@ -12,13 +12,16 @@ from aiohttp import web
 
 from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
 from agentik.core.app import AGENT, error_response
+from agentik.core.protocol import read_history
 from agentik.core.types import (
     ConversationInfo,
     InvalidInput,
     MessageContext,
     UnknownReference,
+    Via,
     content_from_json,
 )
+from agentik_transport_http import export
 from agentik_transport_http.sse import StreamHub, resume_point
 
 HUB = web.AppKey("agentik.http.streams", StreamHub)
@@ -30,6 +33,7 @@ MAX_KEY = 255
 INTEGER = re.compile(r"-?[0-9]{1,18}")  # longer is out of any range (and slow to parse)
 
 REQUIRED = object()
+VIA = Via("http")  # a send that names no sender
 
 routes = web.RouteTableDef()
 
@@ -177,20 +181,25 @@ async def delete_conversation(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def parse_message_body(body: Any) -> tuple[list[Any], MessageContext | None]:
-    """Both forms: a bare array of content parts, or ``{"content": [...], "context": {...}}``."""
+def parse_message_body(body: Any) -> tuple[list[Any], MessageContext | None, Via]:
+    """Both forms: a bare array of content parts, or ``{"content": [...], "context": {...},
+    "sender": "..."}``."""
     if isinstance(body, list):
-        return content_from_json(body), None
+        return content_from_json(body), None, VIA
     if not isinstance(body, dict):
         raise InvalidInput("the body must be an array of content parts or an object")
-    unknown = set(body) - {"content", "context"}
+    unknown = set(body) - {"content", "context", "sender"}
     if unknown:
         raise InvalidInput(f"unknown fields: {', '.join(sorted(unknown))}")
     if "content" not in body:
         raise InvalidInput("content is required")
     raw_context = body.get("context")
     context = None if raw_context is None else MessageContext.from_json(raw_context)
-    return content_from_json(body["content"]), context
+    sender = body.get("sender")
+    if sender is not None and not isinstance(sender, str):
+        raise InvalidInput("sender must be a string or null")
+    via = VIA if sender is None else Via("http", sender)
+    return content_from_json(body["content"]), context, via
 
 
 def idempotency_key(request: web.Request) -> str | None:
@@ -206,9 +215,9 @@ def idempotency_key(request: web.Request) -> str | None:
 async def send_message(request: web.Request) -> web.Response:
     conv = await conversation_or_404(request)
     key = idempotency_key(request)
-    content, context = parse_message_body(await read_json(request))
+    content, context, via = parse_message_body(await read_json(request))
     try:
-        msg = await conv.send(content, context, idempotency_key=key)
+        msg = await conv.send(content, context, idempotency_key=key, via=via)
     except ConversationClosed:
         raise web.HTTPNotFound(text=f"no conversation {conv.id!r}") from None
     return web.json_response(msg.to_json(), status=202)
@@ -262,6 +271,25 @@ async def conversation_stats(request: web.Request) -> web.Response:
     stats = await conv.token_stats()
     return web.json_response(
         {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
+    )
+
+
+@routes.get("/conversations/{id}/export")
+async def export_conversation(request: web.Request) -> web.Response:
+    form = request.query.get("format", "md")
+    if form not in export.FORMATS:
+        raise InvalidInput(f"format must be one of {', '.join(export.FORMATS)}, got {form[:40]!r}")
+    conv = await conversation_or_404(request)
+    records = await read_history(conv)
+    stats = await conv.token_stats()
+    write = export.as_json if form == "json" else export.as_markdown
+    counts = {"conversationId": conv.id, **stats.to_json(), "contextTokens": stats.context}
+    text = write(conv_json(conv), counts, records)
+    return web.Response(
+        text=text,
+        content_type=export.FORMATS[form],
+        charset="utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{conv.id}.{form}"'},
     )
 
 

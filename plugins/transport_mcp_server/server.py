@@ -26,6 +26,7 @@ from agentik.core.types import (
     Message,
     TextPart,
     UnknownReference,
+    Via,
 )
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ HISTORY_PAGE = 500  # records read per query for a resource
 MAX_ID = 200  # characters of a client's message id (it keys a durable send)
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource
 PROGRESS_LINGER = 0.05  # seconds a chat's progress waits after news to gather more text
+VIA = Via("mcp")  # how its messages arrived, on their user records
 
 ID = {"type": "string", "minLength": 1, "maxLength": 255}
 CONVERSATION = {
@@ -219,7 +221,7 @@ class AgentTools:
         after, started = conv.last_event_id, utcnow()
         key = f"mcp:{messageId}" if messageId else None
         try:
-            msg = await conv.send([TextPart(text)], idempotency_key=key)
+            msg = await conv.send([TextPart(text)], idempotency_key=key, via=VIA)
         except (InvalidInput, ConversationClosed) as e:
             raise ToolFailed(str(e)) from None
         wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)

@@ -28,6 +28,7 @@ from agentik.core.types import (
     MessageContext,
     ToolCall,
     ToolResult,
+    Via,
 )
 from agentik_transport_openai import STATE
 from agentik_transport_openai.request import (
@@ -40,6 +41,8 @@ from agentik_transport_openai.request import (
     system_digest,
 )
 from agentik_transport_openai.threads import Claim, Sent, ThreadStore
+
+VIA = Via("openai")  # how its messages arrived, on their user records
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ class OpenAIRoutes:
             context = MessageContext(origin="system", description=req.system)
         after = conv.last_event_id
         try:
-            msg = await conv.send(req.content, context)
+            msg = await conv.send(req.content, context, via=VIA)
         except (InvalidInput, ConversationClosed) as e:
             if created:  # refused: nothing stays behind
                 await self.agent.delete_conversation(conv.id)
