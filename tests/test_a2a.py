@@ -130,6 +130,10 @@ async def test_a2a_errors_have_their_codes_and_reasons(aiohttp_client, tmp_path)
             None,
         ),
         ("SendMessage", {"message": {**text_message("x"), "parts": []}}, -32602, "INVALID_PARAMS"),
+        # the sender's role is required, and must be the user's (as the reference answers)
+        ("SendMessage", {"message": {"messageId": "r", "parts": [{"text": "x"}]}}, -32602, None),
+        ("SendMessage", {"message": text_message("x", role="ROLE_UNSPECIFIED")}, -32602, None),
+        ("SendMessage", {"message": text_message("x", role="ROLE_AGENT")}, -32602, None),
         ("SendMessage", {}, -32602, None),
         ("SendMessage", {"message": text_message("x", contextId="c" * 256)}, -32602, None),
         ("SendMessage", {"message": {**text_message("x"), "taskId": "nope"}}, -32001, None),
@@ -296,6 +300,8 @@ async def test_streaming_send_in_order(aiohttp_client, tmp_path):
     assert texts == chunks
     appends = [e["artifactUpdate"].get("append", False) for e in events if "artifactUpdate" in e]
     assert appends == [False] + [True] * 19
+    lasts = [e["artifactUpdate"].get("lastChunk", False) for e in events if "artifactUpdate" in e]
+    assert lasts == [False] * 19 + [True]  # the final chunk says so
     assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
@@ -325,12 +331,16 @@ async def test_0_3_names_and_shapes(aiohttp_client, tmp_path):
     events = [e["result"] for e in await sse(r)]
     assert events[0]["kind"] == "task"
     assert [e["kind"] for e in events[1:]] == ["status-update", "artifact-update", "status-update"]
+    assert events[2]["lastChunk"] is True and events[2]["append"] is False
     assert events[-1]["final"] is True and events[-1]["status"]["state"] == "completed"
     answer = await rpc(client, "tasks/cancel", {"id": task["id"]}, version=None)
     assert answer["error"]["code"] == -32002
     answer = await rpc(client, "tasks/resubscribe", {"id": task["id"]}, version=None)
     assert answer["error"]["code"] == -32004
     answer = await rpc(client, "message/send", {"message": {"role": "user"}}, version=None)
+    assert answer["error"]["code"] == -32602
+    roleless = {k: v for k, v in message.items() if k != "role"} | {"messageId": "m9"}
+    answer = await rpc(client, "message/send", {"message": roleless}, version=None)
     assert answer["error"]["code"] == -32602
 
 
@@ -548,3 +558,28 @@ async def test_a_resent_message_is_the_same_task_not_a_second_turn(aiohttp_clien
     cid = task["metadata"]["agentikConversationId"]
     r = await client.get(f"/agentik/conversations/{cid}/messages")
     assert [m["type"] for m in (await r.json())["items"]] == ["user", "assistant"]
+
+
+def test_a_hand_written_chunk_is_what_the_sdk_writes():
+    """The reply's chunks are written without protobuf (the hot path): the same JSON as
+    MessageToDict (1.0) and the 0.3 model, with lastChunk and append."""
+    from a2a.compat.v0_3 import conversions
+    from a2a.types import a2a_pb2 as pb
+    from google.protobuf.json_format import MessageToDict
+
+    from agentik_transport_a2a import compat03
+    from agentik_transport_a2a.jsonrpc import V03, V10, _artifact_json
+
+    for append, last in ((False, False), (True, False), (True, True), (False, True)):
+        event = pb.TaskArtifactUpdateEvent(
+            task_id="t",
+            context_id="c",
+            artifact=pb.Artifact(artifact_id="reply", name="reply", parts=[pb.Part(text='a"é')]),
+            append=append,
+            last_chunk=last,
+        )
+        ours = json.loads(_artifact_json("t", "c", 'a"é', append, last, V10))
+        assert ours == MessageToDict(pb.StreamResponse(artifact_update=event))
+        ours = json.loads(_artifact_json("t", "c", 'a"é', append, last, V03))
+        model = conversions.to_compat_task_artifact_update_event(event)
+        assert ours == compat03._dump(model)
