@@ -17,10 +17,10 @@ from a2a.utils.error_handlers import build_error_details
 from google.protobuf.json_format import MessageToDict, ParseDict
 from packaging.version import InvalidVersion, Version
 
+from agentik_transport_a2a.card import VERSION_HEADER as VERSION_HEADER
 from agentik_transport_a2a.service import Update
 
 V10, V03 = "1.0", "0.3"
-VERSION_HEADER = "A2A-Version"
 
 REQUESTS_10: dict[str, type[Any]] = {
     "SendMessage": pb.SendMessageRequest,
