@@ -185,6 +185,32 @@ def test_temporary_plugin_registers_for_a_block():
     assert "temp" not in registries(plugins)["llm"].backends
 
 
+def test_the_all_extra_holds_every_feature_extra():
+    """`make serve` installs the `all` extra: every backend and transport the product names is in
+    it (the vector memory was not), on every Python its markers cover."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = {
+        name: {str(Requirement(line)) for line in value.strip().splitlines()}
+        for name, value in cfg["options.extras_require"].items()
+    }
+    for name, requirements in extras.items():
+        if name not in ("all", "bench", "test"):
+            assert requirements <= extras["all"], (name, requirements - extras["all"])
+    dist = cfg["metadata"]["name"]
+    assert any(
+        Requirement(r).name == dist and "all" in Requirement(r).extras for r in extras["test"]
+    )
+    hnsw = {r for r in extras["all"] if Requirement(r).name in ("chroma-hnswlib", "hnswlib")}
+    for python in ("3.11", "3.12", "3.13", "3.14"):  # exactly one provides the hnswlib module
+        env = {"python_version": python}
+        assert sum(bool(Requirement(r).marker.evaluate(env)) for r in hnsw) == 1, python
+
+
 def test_builtin_plugins_import_no_heavy_module():
     code = (
         "import sys, agentik.core.cli, agentik_llm_openai, agentik_transport_http,"
