@@ -439,7 +439,7 @@ AUTHOR_PLUGINS = {
 
         @hookimpl
         def register_settings(register):
-            register(Setting("OPENAI_BASE_URL", None, parse_url, "Also the embeddings endpoint."))
+            register(Setting("OPENAI_BASE_URL", "https://api.openai.com/v1", parse_url, "Also."))
     """,
     "at_claims_openai": """
         from agentik import hookimpl

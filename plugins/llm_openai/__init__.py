@@ -14,12 +14,15 @@ from agentik.core import settings as cfg
 from agentik.core.settings import Setting, Settings
 from agentik.hookspecs import hookimpl
 
+OPENAI_API = "https://api.openai.com/v1"  # the openai SDK's default base URL
+
 SETTINGS = (
     Setting(
         "OPENAI_BASE_URL",
-        None,
+        OPENAI_API,
         cfg.parse_url,
-        "Required for `openai` and `http` embeddings: the endpoint, e.g. https://api.openai.com/v1",
+        "The OpenAI-compatible endpoint of `openai` and `http` embeddings (default: OpenAI's "
+        "own, as the openai SDK), e.g. http://localhost:11434/v1 for a local Ollama.",
     ),
     Setting(
         "OPENAI_API_KEY",
@@ -75,7 +78,10 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 
 
 def make_backend(settings: Settings) -> Any:
-    settings.require("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL")
+    if settings["OPENAI_API_KEY"] and not settings["OPENAI_MODEL"]:  # a shell's key alone
+        where = settings["OPENAI_BASE_URL"]
+        settings.require("OPENAI_MODEL", hint=f"the model to ask at {where}, e.g. gpt-4o-mini")
+    settings.require("OPENAI_API_KEY", "OPENAI_MODEL")
     from agentik_llm_openai.backend import OpenAIBackend
 
     return OpenAIBackend(
