@@ -226,8 +226,28 @@ def test_api_keys_from_a_list_or_a_file(tmp_path):
         security.parse_api_keys("short")
     with pytest.raises(ValueError, match="cannot read"):
         security.parse_api_keys(f"@{tmp_path / 'missing'}")
-    with pytest.raises(SettingsError, match=r"AGENTIK_API_KEY=\*\*\* is invalid"):
-        make_app(env={"AGENTIK_API_KEY": "short"})  # a secret is never echoed
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("short-secret", "the key is too short: a key must be at least 16 characters"),
+        (f"{KEY},tiny-secret", "key 2 of 2 is too short: a key must be at least 16 characters"),
+        ("@{missing}", "cannot read the key file {missing}: No such file or directory"),
+        ("@{empty}", "the key file {empty} holds no key (one a line, # comments)"),
+        (" , ", "no key given"),
+    ],
+)
+def test_a_bad_api_key_says_why_without_showing_it(tmp_path, raw, why):
+    """A secret is never echoed, but the reason is: too short (the minimum), an unreadable or
+    empty key file (its path)."""
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty"}
+    paths["empty"].write_text("# no keys yet\n")
+    raw, why = raw.format(**paths), why.format(**paths)
+    with pytest.raises(SettingsError) as info:
+        make_app(env={"AGENTIK_API_KEY": raw})
+    assert str(info.value) == f"AGENTIK_API_KEY=*** is invalid: {why}"
+    assert "secret" not in str(info.value)  # no part of a key
 
 
 def test_serve_refuses_to_expose_the_agent_without_a_key(tmp_path):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from agentik.core.settings import Settings, parse_list
+from agentik.core.settings import SecretSafeError, Settings, parse_list
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,23 +46,34 @@ def own_content_type(handler: F) -> F:
     return handler
 
 
+MIN_KEY_LENGTH = 16
+
+
 def parse_api_keys(raw: str) -> tuple[str, ...]:
-    """A comma list of keys, or ``@/path/to/file`` with one key per line (``#`` comments)."""
+    """A comma list of keys, or ``@/path/to/file`` with one key per line (``#`` comments).
+    Its errors say why without quoting a key (they are shown although the setting is secret)."""
     if raw.startswith("@"):
         path = Path(raw[1:]).expanduser()
         try:
             text = path.read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read the key file: {e.strerror or e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            raise SecretSafeError(f"cannot read the key file {path}: {why}") from None
         keys = tuple(
             line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
         )
+        if not keys:
+            raise SecretSafeError(f"the key file {path} holds no key (one a line, # comments)")
     else:
         keys = parse_list(raw)
     if not keys:
-        raise ValueError("no key given")
-    if any(len(k) < 16 for k in keys):
-        raise ValueError("every key must be at least 16 characters")
+        raise SecretSafeError("no key given")
+    short = [i for i, k in enumerate(keys, 1) if len(k) < MIN_KEY_LENGTH]
+    if short:
+        which = f"key {short[0]} of {len(keys)}" if len(keys) > 1 else "the key"
+        raise SecretSafeError(
+            f"{which} is too short: a key must be at least {MIN_KEY_LENGTH} characters"
+        )
     return keys
 
 

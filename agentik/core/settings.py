@@ -125,6 +125,10 @@ def parse_path(raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+class SecretSafeError(ValueError):
+    """An invalid value whose message quotes none of it: shown even for a secret setting."""
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One environment variable: its name, default, parser and a line of help."""
@@ -250,11 +254,12 @@ class Settings(Mapping[str, Any]):
             try:
                 values[s.name] = s.parse(raw.strip())
             except (ValueError, TypeError) as e:
-                # a parser's message may quote the value: never show a secret's
+                # a parser's message may quote the value: a secret's only when it says it won't
+                why = f": {e}" if not s.secret or isinstance(e, SecretSafeError) else ""
                 errors.append(
-                    f"{s.name}=*** is invalid"
+                    f"{s.name}=*** is invalid{why}"
                     if s.secret
-                    else f"{s.name}={raw.strip()!r} is invalid: {e}"
+                    else f"{s.name}={raw.strip()!r} is invalid{why}"
                 )
         if errors:
             raise SettingsError("; ".join(errors))
