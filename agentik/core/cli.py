@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import inspect
 import json
 import logging
@@ -224,18 +225,17 @@ def serve_command(host: str | None, port: int | None) -> int:
         app = create_app(settings, plugins)
     except (StartupError, SettingsError, BackendError, ValueError) as e:
         return fail(str(e), e)
+    port = settings["AGENTIK_PORT"] if port is None else port
     try:
-        asyncio.run(
-            _serve(
-                app,
-                host,
-                settings["AGENTIK_PORT"] if port is None else port,
-                settings["AGENTIK_SHUTDOWN_TIMEOUT"],
-            )
-        )
+        asyncio.run(_serve(app, host, port, settings["AGENTIK_SHUTDOWN_TIMEOUT"]))
     except StartupError as e:
         return fail(str(e), e)
     except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return fail(
+                f"cannot listen on {host}:{port}: the port is in use (another server?); "
+                f"set AGENTIK_PORT (or --port) to a free one, e.g. AGENTIK_PORT={port + 1}"
+            )
         return fail(f"cannot listen: {e}")
     return 0
 
