@@ -68,7 +68,7 @@ def declared_settings(plugins: Plugins) -> list[Setting | SettingPrefix]:
 
         def register(s: Setting | SettingPrefix, plugin: str = impl.plugin_name) -> None:
             if isinstance(s, SettingPrefix):
-                declared.append(SettingPrefix(s.prefix, plugin))
+                declared.append(SettingPrefix(s.prefix, plugin, tuple(s.others)))
                 return
             if not isinstance(s, Setting):
                 raise TypeError(

@@ -218,7 +218,10 @@ def serve_command(host: str | None, port: int | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     plugins.report()
-    for warning in undeclared_variables(settings.declared, prefixes=settings.prefixes):
+    undeclared = undeclared_variables(
+        settings.declared, prefixes=settings.prefixes, others=settings.others
+    )
+    for warning in undeclared:
         log.warning("%s", warning)
     try:
         host = bind_host(settings, host)
@@ -426,7 +429,8 @@ def plugins_command(as_json: bool) -> int:
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
-    problems += undeclared_variables((s.name for s in declared), prefixes=prefixes)
+    others = [name for p in items if isinstance(p, SettingPrefix) for name in p.others]
+    problems += undeclared_variables((s.name for s in declared), prefixes=prefixes, others=others)
     llm, why = llm_choice(Settings(declared)) if not invalid else (None, None)
     selected = {
         "llm": llm,

@@ -11,10 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 from agentik.core import settings as cfg
-from agentik.core.settings import Setting, Settings
+from agentik.core.settings import Setting, SettingPrefix, Settings
 from agentik.hookspecs import hookimpl
 
 OPENAI_API = "https://api.openai.com/v1"  # the openai SDK's default base URL
+OPENAI_SDK_VARIABLES = (
+    "OPENAI_ORG_ID",
+    "OPENAI_PROJECT_ID",
+    "OPENAI_WEBHOOK_SECRET",
+    "OPENAI_LOG",
+    "OPENAI_ADMIN_KEY",
+)
 
 SETTINGS = (
     Setting(
@@ -72,9 +79,12 @@ SETTINGS = (
 
 
 @hookimpl
-def register_settings(register: Callable[[Setting], None]) -> None:
+def register_settings(register: Callable[[Setting | SettingPrefix], None]) -> None:
     for setting in SETTINGS:
         register(setting)
+    # an OPENAI_* typo gets the same warning as an AGENTIK_* one; the variables the openai SDK
+    # itself reads (a shell may export them for other tools) are not typos
+    register(SettingPrefix("OPENAI_", others=OPENAI_SDK_VARIABLES))
 
 
 def make_backend(settings: Settings) -> Any:
