@@ -35,7 +35,7 @@ def register_settings(register: Callable[[Setting], None]) -> None:
             PATH,
             "/",
             parse_page_path,
-            "URL path of the web chat page (its files are under <path>assets/). Off: "
+            "URL path of the web chat page (its files are in assets/ below it). Off: "
             "AGENTIK_DISABLE_PLUGINS=agentik_transport_web.",
         )
     )

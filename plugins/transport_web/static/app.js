@@ -164,7 +164,8 @@ class App {
     });
     const rename = h('button', { type: 'button', class: 'small', 'aria-label': `Rename ${title}` }, 'Rename');
     const del = h('button', { type: 'button', class: 'small', 'aria-label': `Delete ${title}` }, 'Delete');
-    const item = h('li', { class: `conv${conv.busy ? ' busy' : ''}`, 'data-id': conv.id }, open, rename, del);
+    const actions = h('span', { class: 'actions' }, rename, del);
+    const item = h('li', { class: `conv${conv.busy ? ' busy' : ''}`, 'data-id': conv.id }, open, actions);
     rename.addEventListener('click', () => this.rename(item, conv));
     del.addEventListener('click', () => this.remove(conv));
     return item;
@@ -311,7 +312,7 @@ class App {
   }
 
   setRunning(running) {
-    $('stop').hidden = !running;
+    if ($('stop').hidden === running) $('stop').hidden = !running;
   }
 
   async stop() {

@@ -159,11 +159,11 @@ export class ConversationView {
       case 'StartResponse':
         this.live();
         break;
-      case 'AppendText':
+      case 'AppendText': // the hot path: drawn at the next frame, nothing else touched
         if (d.reasoning) this.live().appendReasoning(d.text || '');
         else this.live().appendText(d.text || '');
         this.draw(this.live());
-        break;
+        return undefined;
       case 'ToolCall':
         this.live().toolCall(d.callId, d.toolName, d.argsJson, false);
         break;
@@ -182,6 +182,7 @@ export class ConversationView {
       case 'End':
         await this.turnEnded();
         return undefined;
+      // (tool approvals, when the API has them: a case for the waiting call goes here)
       default: // an event this page does not know (a newer server's, a plugin's)
         return undefined;
     }
@@ -217,23 +218,25 @@ export class ConversationView {
 
   draw(turn) {
     this.dirty.add(turn);
+    this.scrollSoon();
+  }
+
+  /** At the next frame: draw what changed, then keep the newest text in view (when the
+   * person has not scrolled up). One layout a frame, however many events came. */
+  scrollSoon() {
     if (!this.frame) this.frame = requestAnimationFrame(() => this.flush());
   }
 
   flush() {
     cancelAnimationFrame(this.frame);
     this.frame = 0;
-    if (!this.dirty.size) return;
-    const pinned = this.app.pinnedToBottom();
-    performance.mark('agentik:render-start');
-    for (const turn of this.dirty) turn.render();
-    this.dirty.clear();
-    performance.measure('agentik:render', 'agentik:render-start');
-    if (pinned) this.app.scrollToBottom();
-  }
-
-  scrollSoon() {
-    if (this.app.pinnedToBottom()) requestAnimationFrame(() => this.app.scrollToBottom());
+    if (this.dirty.size) {
+      performance.mark('agentik:render-start');
+      for (const turn of this.dirty) turn.render();
+      this.dirty.clear();
+      performance.measure('agentik:render', 'agentik:render-start');
+    }
+    if (this.app.pinnedToBottom()) this.app.scrollToBottom();
   }
 
   // --- actions ---------------------------------------------------------------------------------

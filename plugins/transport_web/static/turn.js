@@ -75,12 +75,15 @@ export class Turn {
   }
 
   setQueued(queued) {
-    if (this.queuedEl) this.queuedEl.hidden = !queued;
+    if (this.queuedEl && this.queuedEl.hidden === queued) this.queuedEl.hidden = !queued;
   }
 
   setRunning(running) {
-    this.el.setAttribute('aria-busy', running ? 'true' : 'false');
-    this.el.classList.toggle('running', running && !this.closed);
+    const now = running && !this.closed;
+    if (this.running === now) return;
+    this.running = now;
+    this.el.setAttribute('aria-busy', now ? 'true' : 'false');
+    this.el.classList.toggle('running', now);
   }
 
   // --- live events -------------------------------------------------------------------------
@@ -105,6 +108,9 @@ export class Turn {
     if (this.reasoningStream) this.reasoningStream.update(this.reasoning);
   }
 
+  // Tool approvals (issue 25, AGENTIK_TOOL_APPROVAL) are not served by the API yet. When they
+  // are, a call waiting for a person is drawn here like any other, with Approve / Deny / Edit
+  // buttons under its arguments (conversation.js gets the waiting call from its event).
   toolCall(callId, name, argsJson, recorded) {
     const known = this.tools.get(callId);
     if (known) {
