@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BIN, ROOT, Process, free_port, wait_http
-from tests.web_browser import ARTIFACTS, Page, chromium, have_chromium
+from tests.web_browser import ARTIFACTS, WAIT, Page, chromium, have_chromium
 
 pytestmark = pytest.mark.skipif(
     not have_chromium(),
@@ -70,7 +70,9 @@ class Server:
                 "AGENTIK_HOST": "127.0.0.1",
                 "AGENTIK_DB_PATH": str(tmp / "agentik.db"),
                 "AGENTIK_API_KEY": KEY,
-                "AGENTIK_MEMORY_BACKEND": "off",
+                "AGENTIK_MEMORY_BACKEND": "md",
+                "AGENTIK_MEMORY_DIR": str(tmp / "memory"),
+                "AGENTIK_MEMORY_REVIEW": "0",  # its one-shot calls would take scripted replies
                 "AGENTIK_MCP_CONFIG": "off",
                 "AGENTIK_SKILLS_DIR": str(tmp / "skills"),
                 "AGENTIK_SKILL_MINING_INTERVAL": "0",
@@ -417,6 +419,29 @@ def test_a_server_restart_mid_turn_shows_the_reply_once(page: Page, live: Server
     page.until(lambda: page.replies()[-1:] == ["after the restart"], what="a new reply")
 
 
+def test_opening_a_conversation_mid_turn_shows_the_reply_so_far(page: Page, live: Server) -> None:
+    text = words(150)
+    live.script({"text": text, "delay": SLOW})
+    cid = live.api("POST", "/conversations", {})["id"]
+    live.api("POST", f"/conversations/{cid}/messages", [{"type": "text", "body": "go on"}])
+    deadline = time.monotonic() + WAIT  # well into the reply before the page opens
+    while not live.api("GET", f"/conversations/{cid}")["busy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    page.load(path=f"/#{cid}")
+    # what was streamed before the page connected comes from the stream's buffer
+    partial = page.until(
+        lambda: page.find("#stop").is_displayed()  # still running: not read from the history
+        and page.text(".turn .reply").startswith("word0 word1")
+        and page.text(".turn .reply"),
+        what="the start of the reply while it runs",
+    )
+    assert text.startswith(partial.strip()) and "word149" not in partial  # once, in order
+    page.wait_idle_for(30)
+    assert page.replies() == [text]
+    assert page.text(".msg.user .text") == "go on"
+
+
 def test_model_output_cannot_run_code(page: Page, live: Server) -> None:
     evil = (
         '<img src=x onerror="window.__xss=1">\n\n<script>window.__xss=2</script>\n\n'
@@ -562,6 +587,39 @@ def test_phone_width(page: Page, live: Server) -> None:
     )
     assert page.find("#menu").get_attribute("aria-expanded") == "true"
     page.shot("phone-menu")
+
+
+def test_the_panel_shows_memory_notes_and_skills(page: Page, live: Server) -> None:
+    note = "The user likes <b>green tea</b>"
+    live.script(
+        {"tool_calls": [["memory_save", {"category": "preference", "text": note}]]},
+        {"text": "Noted."},
+    )
+    page.load()
+    page.new_chat()
+    page.type("remember that I like green tea")
+    page.until(lambda: page.replies() == ["Noted."], what="the reply")
+    button = page.until(
+        lambda: page.find("#panel-button").is_displayed() and page.find("#panel-button")
+    )
+    button.click()
+    page.until(lambda: page.find("#panel").is_displayed(), what="the panel")
+    page.find("#panel .tabs button:nth-child(3)").click()  # preference
+    item = page.until(lambda: page.all("#panel .note-item") and page.find("#panel .note-item"))
+    assert item.find_element("css selector", ".note-text").text == note  # text, not HTML
+    assert not page.all("#panel b")
+    skill = page.find("#panel .skills-list details")
+    assert "greeting" in skill.text and "How to greet" in skill.text
+    skill.find_element("css selector", "summary").click()
+    page.until(
+        lambda: "Say <b>hello</b> warmly." in page.text("#panel .skills-list .md"), what="the body"
+    )
+    page.shot("panel")
+    item.find_element("css selector", "button").click()
+    page.d.switch_to.alert.accept()
+    page.until(lambda: not page.all("#panel .note-item"), what="the note to go")
+    left = live.api("GET", "/memory/notes?category=preference")["items"]
+    assert left == []
 
 
 def test_dark_theme_and_labels(page: Page, live: Server) -> None:

@@ -5,6 +5,7 @@ import { Api } from './api.js';
 import { h } from './dom.js';
 import { EventStream } from './sse.js';
 import { ConversationView } from './conversation.js';
+import { Panel } from './panel.js';
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 30;
@@ -34,6 +35,8 @@ class App {
     }).start();
     await this.route();
     window.addEventListener('hashchange', () => this.route());
+    this.panel = new Panel(this, $('panel'), $('panel-button'));
+    await this.panel.probe();
 
     performance.mark('agentik:ready'); // the list is shown and the page takes input
   }
