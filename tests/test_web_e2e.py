@@ -431,9 +431,11 @@ def test_opening_a_conversation_mid_turn_shows_the_reply_so_far(page: Page, live
     page.load(path=f"/#{cid}")
     # what was streamed before the page connected comes from the stream's buffer
     partial = page.until(
-        lambda: page.find("#stop").is_displayed()  # still running: not read from the history
-        and page.text(".turn .reply").startswith("word0 word1")
-        and page.text(".turn .reply"),
+        lambda: (
+            page.find("#stop").is_displayed()  # still running: not read from the history
+            and page.text(".turn .reply").startswith("word0 word1")
+            and page.text(".turn .reply")
+        ),
         what="the start of the reply while it runs",
     )
     assert text.startswith(partial.strip()) and "word149" not in partial  # once, in order
