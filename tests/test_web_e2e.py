@@ -624,6 +624,30 @@ def test_the_panel_shows_memory_notes_and_skills(page: Page, live: Server) -> No
     assert left == []
 
 
+CONTRAST = """
+const lum = (c) => { const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map(Number).map((v) => {
+  v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+const opaque = (c) => !/rgba\\(.*, 0\\)$|transparent/.test(c);
+const bad = [];
+for (const el of document.querySelectorAll('body *')) {
+  const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.data.trim());
+  if (!own || !el.checkVisibility() || el.closest('.visually-hidden, [hidden]')) continue;
+  let bg = el, style;
+  while (bg && !opaque(getComputedStyle(bg).backgroundColor)) bg = bg.parentElement;
+  const back = bg ? getComputedStyle(bg).backgroundColor : 'rgb(255, 255, 255)';
+  style = getComputedStyle(el);
+  const [a, b] = [lum(style.color), lum(back)].sort((x, y) => y - x);
+  const ratio = (a + 0.05) / (b + 0.05);
+  const size = parseFloat(style.fontSize);
+  const large = size >= 24 || (size >= 18.6 && style.fontWeight >= 700);
+  if (ratio < (large ? 3 : 4.5))
+    bad.push(`${el.tagName}.${el.className} ${ratio.toFixed(2)}: ${el.innerText.slice(0, 30)}`);
+}
+return bad;
+"""
+
+
 def test_dark_theme_and_labels(page: Page, live: Server) -> None:
     page.load()
     page.find("#theme").click()
@@ -639,6 +663,10 @@ def test_dark_theme_and_labels(page: Page, live: Server) -> None:
     page.until(lambda: page.replies() == ["Dark mode reply with bold text."])
     page.wait_idle()
     page.shot("dark")
+    assert page.js(CONTRAST) == []  # WCAG AA: 4.5:1 for text, 3:1 for large text
+    page.find("#theme").click()
+    assert page.js("return document.documentElement.dataset.theme") == "light"
+    assert page.js(CONTRAST) == []
     # every control has a name a screen reader can say
     unnamed = page.js(
         "return [...document.querySelectorAll('button, input, textarea')].filter(e =>"

@@ -18,27 +18,42 @@ const ITEM = /^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_SEP = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 const SAFE_URL = /^(https?:\/\/|mailto:)/i;
 
-/** Where the segments of `text` end, scanning from `from` (a segment boundary). Returns
- * the offset after the last blank line outside a code fence, or `from` when there is none. */
-export function stableEnd(text, from = 0) {
+// does this fence line (FENCE's match) close a block opened by `fence`?
+function closes(m, fence) {
+  return Boolean(m) && m[1][0] === fence[0] && m[1].length >= fence.length && !m[2];
+}
+
+// The offset after a blank line outside code fences (a segment's end), scanning from `from` (a
+// segment boundary): the first one, or the last one (`last`: the finished part of a growing
+// text). Without one: the end of the text, or `from` when looking for the last.
+function segmentEnd(text, from, last) {
   let fence = null;
   let cut = from;
-  let pos = from;
-  while (pos < text.length) {
+  for (let pos = from; pos < text.length; ) {
     const nl = text.indexOf('\n', pos);
     if (nl === -1) break; // the last line is still being written
     const line = text.slice(pos, nl);
     const m = FENCE.exec(line);
     if (fence) {
-      if (m && m[1][0] === fence[0] && m[1].length >= fence.length && !m[2]) fence = null;
+      if (closes(m, fence)) fence = null;
     } else if (m) {
       fence = m[1];
     } else if (!line.trim()) {
       cut = nl + 1;
+      if (!last) return cut;
     }
     pos = nl + 1;
   }
-  return cut;
+  return last ? cut : text.length;
+}
+
+/** Where the finished segments of a growing `text` end, scanning from `from`. */
+export function stableEnd(text, from = 0) {
+  return segmentEnd(text, from, true);
+}
+
+function nextSegmentEnd(text, from) {
+  return segmentEnd(text, from, false);
 }
 
 /** The whole text as a fragment. */
@@ -50,27 +65,6 @@ export function renderMarkdown(text) {
     from = end;
   }
   return frag;
-}
-
-// the end of the first segment starting at `from` (a text with a blank line after it)
-function nextSegmentEnd(text, from) {
-  let fence = null;
-  let pos = from;
-  while (pos < text.length) {
-    const nl = text.indexOf('\n', pos);
-    if (nl === -1) return text.length;
-    const line = text.slice(pos, nl);
-    const m = FENCE.exec(line);
-    if (fence) {
-      if (m && m[1][0] === fence[0] && m[1].length >= fence.length && !m[2]) fence = null;
-    } else if (m) {
-      fence = m[1];
-    } else if (!line.trim()) {
-      return nl + 1;
-    }
-    pos = nl + 1;
-  }
-  return text.length;
 }
 
 /** Renders a growing text into `el`: finished segments are rendered once, the last one again
@@ -137,10 +131,7 @@ export class StreamingMarkdown {
 }
 
 function closesFence(body, fence) {
-  return body.split('\n').some((line) => {
-    const m = FENCE.exec(line);
-    return m && m[1][0] === fence[0] && m[1].length >= fence.length && !m[2];
-  });
+  return body.split('\n').some((line) => closes(FENCE.exec(line), fence));
 }
 
 /** Block elements of one piece of text. */
@@ -159,8 +150,7 @@ export function renderBlocks(text) {
       const body = [];
       i += 1;
       while (i < lines.length) {
-        const close = FENCE.exec(lines[i]);
-        if (close && close[1][0] === m[1][0] && close[1].length >= m[1].length && !close[2]) {
+        if (closes(FENCE.exec(lines[i]), m[1])) {
           i += 1;
           break;
         }
