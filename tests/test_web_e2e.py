@@ -629,6 +629,8 @@ const lum = (c) => { const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map(Numbe
   v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
   return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
 const opaque = (c) => !/rgba\\(.*, 0\\)$|transparent/.test(c);
+const shown = [...document.querySelectorAll('#stop[hidden], #attach[hidden]')];
+shown.forEach((e) => (e.hidden = false)); // the buttons a turn or a model shows, too
 const bad = [];
 for (const el of document.querySelectorAll('body *')) {
   const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.data.trim());
@@ -644,6 +646,7 @@ for (const el of document.querySelectorAll('body *')) {
   if (ratio < (large ? 3 : 4.5))
     bad.push(`${el.tagName}.${el.className} ${ratio.toFixed(2)}: ${el.innerText.slice(0, 30)}`);
 }
+shown.forEach((e) => (e.hidden = true));
 return bad;
 """
 
