@@ -419,6 +419,56 @@ def test_a_server_restart_mid_turn_shows_the_reply_once(page: Page, live: Server
     page.until(lambda: page.replies()[-1:] == ["after the restart"], what="a new reply")
 
 
+RENDERER = """
+const done = arguments[arguments.length - 1];
+const md = await import('/assets/markdown.js');
+const samples = arguments[0];
+// the DOM a streaming render leaves, without its helpers (the tail's wrapper, code chunks)
+const plain = (el) => {
+  for (const w of el.querySelectorAll('.md-tail, .chunk')) w.replaceWith(...w.childNodes);
+  el.normalize();
+  return el.innerHTML;
+};
+const out = [];
+for (const text of samples) {
+  const whole = document.createElement('div');
+  whole.append(md.renderMarkdown(text));
+  const streamed = document.createElement('div');
+  const s = new md.StreamingMarkdown(streamed);
+  for (let i = 1; i <= text.length; i += 1 + (i % 7)) s.update(text.slice(0, i));
+  s.update(text);
+  out.push({same: plain(streamed) === whole.innerHTML, html: whole.innerHTML});
+}
+const started = performance.now();  // text that could make a naive renderer crawl or recurse
+const nasty = ['*a'.repeat(20000), '>'.repeat(5000) + ' deep', '- '.repeat(3000) + 'x',
+  '**'.repeat(5000) + 'x', '`'.repeat(3000), '['.repeat(5000) + '](' + ')'.repeat(5000)];
+for (const text of nasty) md.renderMarkdown(text);
+done({out, nastyMs: performance.now() - started});
+"""
+SAMPLES = [
+    "# Title\n\nA *b* **c** ~~d~~ `e` [f](https://x.org) <https://y.org> https://z.org/p.",
+    "- a\n- b\n  - c\n\n1. x\n2. y\n\n3. z",
+    "```js\nlet a = 1;\n\nlet b = 2;\n```\n\nafter\n\n```\nunclosed\nstill",
+    "> quote\n> more\n\n---\n\n| a | b |\n|:-|-:|\n| 1 | 2 |\n\ntext  \nwith break",
+    "snake_case_name and 2*3*4 and ****\n\n~~~\n```\n~~~",
+]
+
+
+def test_the_markdown_renderer_streams_to_the_same_result(page: Page) -> None:
+    """In the browser: rendering a text as it grows (a character or a few at a time) gives the
+    DOM of rendering it whole; hostile shapes (deep nesting, thousands of stray markers) render
+    without throwing or hanging."""
+    page.load()
+    result = page.d.execute_async_script(RENDERER, SAMPLES)
+    for sample, got in zip(SAMPLES, result["out"], strict=True):
+        assert got["same"], sample
+    html = result["out"][0]["html"]
+    assert "<strong>c</strong>" in html and "<del>d</del>" in html and "<code>e</code>" in html
+    assert html.count("<a ") == 3
+    assert "snake_case_name" in result["out"][4]["html"]  # no emphasis inside words
+    print(f"hostile inputs rendered in {result['nastyMs']:.0f} ms")  # they returned: no hang
+
+
 def test_opening_a_conversation_mid_turn_shows_the_reply_so_far(page: Page, live: Server) -> None:
     text = words(150)
     live.script({"text": text, "delay": SLOW})

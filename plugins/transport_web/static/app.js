@@ -110,7 +110,6 @@ class App {
   async route() {
     const wanted = decodeURIComponent(location.hash.slice(1));
     if (wanted && (!this.view || this.view.id !== wanted)) await this.openConversation(wanted);
-    else if (!wanted && this.view) this.showEmpty();
     else if (!wanted) this.showEmpty();
   }
 

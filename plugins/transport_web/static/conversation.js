@@ -180,8 +180,7 @@ export class ConversationView {
         this.live().note('truncated', 'Cut short: the reply reached the output limit');
         break;
       case 'End':
-        await this.turnEnded();
-        return undefined;
+        return this.turnEnded();
       // (tool approvals, when the API has them: a case for the waiting call goes here)
       default: // an event this page does not know (a newer server's, a plugin's)
         return undefined;
@@ -195,14 +194,15 @@ export class ConversationView {
     this.flush();
     try {
       await this.readHistory();
-    } catch (e) {
-      this.app.toast(`Could not read the history: ${e.message}`);
+    } catch {
+      return 'resync'; // the history is read again once the server answers
     }
     this.dropOrphan();
     for (const turn of this.open) turn.dropLive(); // their turns have not started
     this.settle();
     this.app.refreshStats(this);
     this.app.announce('Reply finished');
+    return undefined;
   }
 
   /** Queued and running marks, and the stop button. */

@@ -17,6 +17,7 @@ const QUOTE = /^ {0,3}>\s?(.*)$/;
 const ITEM = /^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_SEP = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 const SAFE_URL = /^(https?:\/\/|mailto:)/i;
+const MAX_NESTING = 12; // deeper quotes, lists, emphasis are shown as text: no recursion to exhaust
 
 // does this fence line (FENCE's match) close a block opened by `fence`?
 function closes(m, fence) {
@@ -134,9 +135,13 @@ function closesFence(body, fence) {
   return body.split('\n').some((line) => closes(FENCE.exec(line), fence));
 }
 
-/** Block elements of one piece of text. */
-export function renderBlocks(text) {
+/** Block elements of one piece of text (`depth`: how deep in quotes and lists it is). */
+export function renderBlocks(text, depth = 0) {
   const frag = document.createDocumentFragment();
+  if (depth > MAX_NESTING) {
+    frag.append(h('p', {}, text)); // deeper nesting is shown as it is
+    return frag;
+  }
   const lines = text.replace(/\r\n?/g, '\n').split('\n');
   let i = 0;
   while (i < lines.length) {
@@ -177,11 +182,11 @@ export function renderBlocks(text) {
         body.push(m[1]);
         i += 1;
       }
-      frag.append(h('blockquote', {}, renderBlocks(body.join('\n'))));
+      frag.append(h('blockquote', {}, renderBlocks(body.join('\n'), depth + 1)));
       continue;
     }
     if (ITEM.test(line)) {
-      i = list(lines, i, frag);
+      i = list(lines, i, frag, depth);
       continue;
     }
     if (line.includes('|') && i + 1 < lines.length && TABLE_SEP.test(lines[i + 1])) {
@@ -226,7 +231,7 @@ function codeBlock(code, lang) {
   return h('div', { class: 'code' }, h('div', { class: 'code-head' }, label, button), h('pre', {}, codeEl));
 }
 
-function list(lines, i, frag) {
+function list(lines, i, frag, depth) {
   const first = ITEM.exec(lines[i]);
   const indent = first[1].length;
   const ordered = /\d/.test(first[2]);
@@ -249,7 +254,7 @@ function list(lines, i, frag) {
     li.append(inline(body[0]));
     if (rest.trim()) {
       // nested blocks: lists, code; plain continuation lines join the item's text
-      const nested = renderBlocks(rest);
+      const nested = renderBlocks(rest, depth + 1);
       if (nested.childNodes.length === 1 && nested.firstChild.nodeName === 'P') {
         li.append('\n', ...nested.firstChild.childNodes);
       } else {
@@ -289,14 +294,15 @@ function table(lines, i, frag) {
 // inline: the earliest of these wins; the text between is plain text
 const INLINE = new RegExp(
   [
-    /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/.source, // 1,2 code span
+    /(`+)([^`]|[^`][\s\S]{0,2000}?[^`])\1(?!`)/.source, // 1,2 code span
     /!\[([^\]\n]*)\]\(\s*<?([^)\s>]*)>?(?:\s+"[^"\n]*")?\s*\)/.source, // 3,4 image
     /\[((?:[^\][]|\[[^\]]*\])+)\]\(\s*<?([^)\s>]*)>?(?:\s+"[^"\n]*")?\s*\)/.source, // 5,6 link
     /<((?:https?:\/\/|mailto:)[^>\s]+)>/.source, // 7 autolink
     /(https?:\/\/[^\s<>"]*[^\s<>".,:;'")\]!?*_~])/.source, // 8 bare URL
-    /(\*\*|__)(?=\S)([\s\S]*?\S)\9/.source, // 9,10 bold
-    /(?<![\w*])(\*|_)(?=[^\s*_])([\s\S]*?[^\s\\])\11(?![\w])/.source, // 11,12 italic
-    /~~(?=\S)([\s\S]*?\S)~~/.source, // 13 strike
+    // emphasis spans at most 1,000 characters: bounded work for text full of stray markers
+    /(\*\*|__)(?=\S)([\s\S]{0,1000}?\S)\9/.source, // 9,10 bold
+    /(?<![\w*])(\*|_)(?=[^\s*_])([\s\S]{0,1000}?[^\s\\])\11(?![\w])/.source, // 11,12 italic
+    /~~(?=\S)([\s\S]{0,1000}?\S)~~/.source, // 13 strike
     /\\([\\`*_{}\[\]()#+\-.!|~<>])/.source, // 14 escape
     /(\n)/.source, // 15 line break
   ].join('|'),
@@ -304,8 +310,12 @@ const INLINE = new RegExp(
 );
 
 /** Inline content of a piece of text, as a fragment. */
-export function inline(text) {
+export function inline(text, depth = 0) {
   const frag = document.createDocumentFragment();
+  if (depth > MAX_NESTING) {
+    frag.append(text);
+    return frag;
+  }
   const re = new RegExp(INLINE.source, 'g');
   let last = 0;
   let m;
@@ -314,12 +324,12 @@ export function inline(text) {
     last = re.lastIndex;
     if (m[1] !== undefined) frag.append(h('code', {}, m[2].length > 2 && m[2][0] === ' ' && m[2].at(-1) === ' ' ? m[2].slice(1, -1) : m[2]));
     else if (m[3] !== undefined) frag.append(link(m[4], m[3] ? `image: ${m[3]}` : 'image'));
-    else if (m[5] !== undefined) frag.append(link(m[6], null, m[5]));
+    else if (m[5] !== undefined) frag.append(link(m[6], null, m[5], depth));
     else if (m[7] !== undefined) frag.append(link(m[7], m[7]));
     else if (m[8] !== undefined) frag.append(link(m[8], m[8]));
-    else if (m[9] !== undefined) frag.append(h('strong', {}, inline(m[10])));
-    else if (m[11] !== undefined) frag.append(h('em', {}, inline(m[12])));
-    else if (m[13] !== undefined) frag.append(h('del', {}, inline(m[13])));
+    else if (m[9] !== undefined) frag.append(h('strong', {}, inline(m[10], depth + 1)));
+    else if (m[11] !== undefined) frag.append(h('em', {}, inline(m[12], depth + 1)));
+    else if (m[13] !== undefined) frag.append(h('del', {}, inline(m[13], depth + 1)));
     else if (m[14] !== undefined) frag.append(m[14]);
     else if (m[15] !== undefined) frag.append(h('br'));
   }
@@ -328,8 +338,8 @@ export function inline(text) {
 }
 
 /** A link when the URL is http(s) or mailto; otherwise the label (or the source) as text. */
-function link(url, label, markdownLabel) {
-  const content = markdownLabel !== undefined && markdownLabel !== null ? inline(markdownLabel) : label;
+function link(url, label, markdownLabel, depth = 0) {
+  const content = markdownLabel !== undefined && markdownLabel !== null ? inline(markdownLabel, depth + 1) : label;
   if (!SAFE_URL.test(url)) {
     const text = h('span', { class: 'unsafe-link', title: 'link not followed' });
     text.append(content ?? url);

@@ -70,8 +70,8 @@ export class EventStream {
     }
     if (!response.ok) return false;
     const start = response.headers.get('Last-Event-ID');
+    await this.onOpen(start, fresh); // if it fails, the next try starts from now again
     if (fresh) this.lastId = start;
-    await this.onOpen(start, fresh);
     this.onState('open');
     await this.read(response.body, controller);
     return true;
