@@ -764,7 +764,7 @@ def stream_and_measure(page: Page, live: Server, text: str, delay: float) -> dic
 def test_a_ten_thousand_token_reply_and_the_first_load(page: Page, live: Server) -> None:
     """A 10,000-word reply, a word a chunk, as prose and as one code block: all of it shown,
     once. Frame and render times and the first loads go to build/web-artifacts/perf.json, not
-    asserted (the machine is shared); bench/b23_web_page.py measures them at a model's pace
+    asserted (the machine is shared); bench/b24_web_page.py measures them at a model's pace
     (docs/PERFORMANCE.md)."""
     n, per_paragraph = 10_000, 50
     prose = "\n\n".join(words(per_paragraph, f"p{i}w") for i in range(n // per_paragraph))

@@ -1,6 +1,6 @@
 """Debian's Chromium driven by Selenium through ``/usr/bin/chromedriver`` (nothing is
 downloaded), and :class:`Page`, what a person does with the web page. Used by
-``tests/test_web_e2e.py`` and ``bench/b23_web_page.py``."""
+``tests/test_web_e2e.py`` and ``bench/b24_web_page.py``."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ PATH = "AGENTIK_WEB_PATH"
 def parse_page_path(raw: str) -> str:
     """A URL path ending in ``/`` (added when missing); never inside the API's ``/agentik``."""
     path = raw.strip()
-    if not path.startswith("/") or any(c in path for c in " ?#{}\\") or "//" in path:
+    if not path.startswith("/") or any(c in path for c in " ?#{}%\\") or "//" in path:
         raise ValueError("must be a URL path such as / or /chat/ (no spaces, query or braces)")
     if any(part in (".", "..") for part in path.split("/")):
         raise ValueError("must not contain . or .. segments")

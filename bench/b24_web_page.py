@@ -1,4 +1,4 @@
-"""B23: the web page (plugin ``agentik_transport_web``) in Debian's Chromium: its first load over
+"""B24: the web page (plugin ``agentik_transport_web``) in Debian's Chromium: its first load over
 loopback, and the frame times while a 10,000-token reply streams in at a model's pace.
 
 Frame time is the interval between ``requestAnimationFrame`` callbacks while the reply streams
@@ -126,7 +126,7 @@ def busy_floor(page: Page, fake_port: int, port: int, text: str, delay: float) -
 
 async def main(args: Any) -> dict[str, Any]:
     if not have_chromium():
-        raise SystemExit("B23 needs chromium and chromium-driver (make test installs them)")
+        raise SystemExit("B24 needs chromium and chromium-driver (make test installs them)")
     n = 2000 if args.quick else args.tokens
     rounds = common.repeats(args, full=2, quick=1)
     fake = common.start_fake()
@@ -202,7 +202,7 @@ async def main(args: Any) -> dict[str, Any]:
             )
         )
     return {
-        "id": "B23",
+        "id": "B24",
         "title": "the web page in Chromium: first load, frame times while a long reply streams",
         "rows": rows,
         "notes": [
