@@ -83,12 +83,13 @@ def test_the_path_setting_refuses_what_would_clash_or_escape():
 
 async def test_off_when_the_plugin_is_disabled(aiohttp_client, tmp_path):
     env = {
-        "AGENTIK_DB_PATH": str(tmp_path / "off.db"),
+        "AGENTIK_DB_PATH": str(tmp_path / "on.db"),
         "AGENTIK_MEMORY_BACKEND": "off",
         "AGENTIK_MCP_CONFIG": "off",
     }
     on = await aiohttp_client(create_app(env=env, llm=EchoLLM()))  # the installed entry points
     assert (await on.get("/")).status == 200
+    env["AGENTIK_DB_PATH"] = str(tmp_path / "off.db")  # one server a database
     env["AGENTIK_DISABLE_PLUGINS"] = "agentik_transport_web"
     off = await aiohttp_client(create_app(env=env, llm=EchoLLM()))
     assert (await off.get("/")).status == 404
