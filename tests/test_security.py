@@ -40,9 +40,17 @@ TRANSPORTS = (
     "agentik_transport_openai",
     "agentik_transport_mcp_server",
     "agentik_debug",
+    "agentik_transport_web",
 )
-#: routes anyone may read: the health check and the A2A agent card (it declares the scheme)
-PUBLIC = ("/health", "/.well-known/agent-card.json", "/a2a/.well-known/agent-card.json")
+#: routes anyone may read: the health check, the A2A agent card (it declares the scheme), and
+#: the web page's own files (it must load to ask for the key; it holds no data)
+PUBLIC = (
+    "/health",
+    "/.well-known/agent-card.json",
+    "/a2a/.well-known/agent-card.json",
+    "/",
+    "/assets/app.js",
+)
 
 
 def keyed_app(db_path, **env):
@@ -71,7 +79,8 @@ def concrete_routes(app: web.Application, cid: str) -> list[tuple[str, str]]:
             path = info.get("path") or info.get("formatter", "")
             for route in resource:
                 if route.method not in ("HEAD", "*"):
-                    out.append((route.method, prefix + path.replace("{id}", cid)))
+                    path = path.replace("{id}", cid).replace("{name}", "app.js")
+                    out.append((route.method, prefix + path))
 
     walk(app, "")
     return out

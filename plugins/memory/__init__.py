@@ -127,6 +127,18 @@ async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
         feature.close()
 
 
+def add_routes(app: Any, agent: Any, settings: Settings) -> None:
+    if agent.memory is not None:
+        from agentik_memory.routes import add_routes
+
+        add_routes(app, agent.memory)
+
+
+@hookimpl
+def register_transports(register: Callable[..., None]) -> None:
+    register("memory", add_routes)  # GET /agentik/memory/notes, DELETE …/notes/{id}
+
+
 @hookimpl
 def register_debug_actions(register: Callable[..., None], agent: Any, settings: Settings) -> None:
     if agent.memory is None:
