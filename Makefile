@@ -43,9 +43,20 @@ tests/mcp_inspector/node_modules/.package-lock.json: tests/mcp_inspector/package
 	tests/mcp_inspector/package-lock.json
 	npm ci --prefix tests/mcp_inspector --no-audit --no-fund
 
+# Debian's chromium and its driver, for the web page's browser tests (tests/test_web_e2e.py):
+# installed only when missing, as root or with sudo; without apt-get those tests are skipped
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+$(CHROMEDRIVER):
+	@if command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver; \
+	else echo "no apt-get: install chromium and chromedriver to run tests/test_web_e2e.py"; fi
+
 install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
 	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json \
-	tests/mcp_inspector/node_modules/.package-lock.json
+	tests/mcp_inspector/node_modules/.package-lock.json $(CHROMEDRIVER)
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve

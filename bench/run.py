@@ -51,6 +51,7 @@ SUITE = {  # id -> (module, timeout s)
     "B21": ("b21_client_events.py", 300),
     "B22": ("b22_agui_turn.py", 300),
     "B23": ("b23_doors.py", 400),
+    "B24": ("b24_web_page.py", 900),
 }
 
 

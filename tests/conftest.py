@@ -80,7 +80,7 @@ def free_port() -> int:
 class Process:
     """A child process (agentik serve, the fake OpenAI server) with its output kept."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> None:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -88,7 +88,7 @@ class Process:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=cwd,
             start_new_session=True,
         )
 
@@ -156,7 +156,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
     """Start ``agentik serve`` with the given environment; yields (process, base URL)."""
     procs: list[Process] = []
 
-    def start(env: dict[str, str], *, wait: bool = True) -> tuple[Process, str]:
+    def start(env: dict[str, str], *, wait: bool = True, cwd: Path = ROOT) -> tuple[Process, str]:
         given = env.get("AGENTIK_PORT", "")  # a restart may keep its port
         port = int(given) if given.isdigit() else free_port()
         full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
@@ -173,7 +173,8 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 **env,
             }
         )
-        proc = Process([str(BIN / "agentik"), "serve"], full, tmp_path / f"serve-{len(procs)}.log")
+        log = tmp_path / f"serve-{len(procs)}.log"
+        proc = Process([str(BIN / "agentik"), "serve"], full, log, cwd)
         procs.append(proc)
         base = f"http://127.0.0.1:{port}"
         if wait:

@@ -130,6 +130,10 @@ async def test_a2a_errors_have_their_codes_and_reasons(aiohttp_client, tmp_path)
             None,
         ),
         ("SendMessage", {"message": {**text_message("x"), "parts": []}}, -32602, "INVALID_PARAMS"),
+        # the sender's role is required, and must be the user's (as the reference answers)
+        ("SendMessage", {"message": {"messageId": "r", "parts": [{"text": "x"}]}}, -32602, None),
+        ("SendMessage", {"message": text_message("x", role="ROLE_UNSPECIFIED")}, -32602, None),
+        ("SendMessage", {"message": text_message("x", role="ROLE_AGENT")}, -32602, None),
         ("SendMessage", {}, -32602, None),
         ("SendMessage", {"message": text_message("x", contextId="c" * 256)}, -32602, None),
         ("SendMessage", {"message": {**text_message("x"), "taskId": "nope"}}, -32001, None),
@@ -165,41 +169,110 @@ async def test_version_rules(aiohttp_client, tmp_path):
 # --- the agent card -----------------------------------------------------------------------
 
 
+def strict_card(card: dict):
+    """The card read as the A2A 1.0 ``AgentCard`` protobuf with unknown fields refused, every
+    field the proto marks REQUIRED (``google.api.field_behavior``) present, at every depth."""
+    from a2a.types import a2a_pb2 as pb
+    from google.api import field_behavior_pb2
+    from google.protobuf.json_format import ParseDict
+
+    parsed = ParseDict(card, pb.AgentCard(), ignore_unknown_fields=False)
+
+    def missing(message, where: str) -> list[str]:
+        out = []
+        for field in message.DESCRIPTOR.fields:
+            behaviors = field.GetOptions().Extensions[field_behavior_pb2.field_behavior]
+            value = getattr(message, field.name)
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                values = field.message_type.fields_by_name["value"]
+                children = list(value.values()) if values.message_type is not None else []
+                present = bool(value)
+            elif field.is_repeated:
+                children = list(value) if field.message_type is not None else []
+                present = bool(value)
+            elif field.message_type is not None:
+                present = message.HasField(field.name)
+                children = [value] if present else []
+            else:
+                present, children = value != field.default_value, []
+            if field_behavior_pb2.REQUIRED in behaviors and not present:
+                out.append(where + field.name)
+            for child in children:
+                out += missing(child, f"{where}{field.name}.")
+        return out
+
+    assert missing(parsed, "") == []
+    return parsed
+
+
 async def test_agent_card_without_a_key(aiohttp_client, tmp_path):
+    from a2a.compat.v0_3 import types as v03
+
     client = await aiohttp_client(a2a_app(tmp_path, AGENTIK_A2A_NAME="Ada"))
-    r = await client.get("/a2a/.well-known/agent-card.json")
-    assert r.status == 200
-    card = await r.json()
-    assert card["name"] == "Ada"
     url = str(client.make_url("/a2a/"))
-    assert {
-        (i["url"], i["protocolBinding"], i["protocolVersion"]) for i in card["supportedInterfaces"]
-    } == {
-        (url, "JSONRPC", "1.0"),
-        (url, "JSONRPC", "0.3"),
-    }
-    assert card["url"] == url and card["capabilities"] == {
-        "streaming": True,
-        "pushNotifications": False,
-    }
-    assert "securitySchemes" not in card and card["skills"][0]["id"] == "chat"
+    # a 1.0 client (A2A-Version 1.0, or the 1.0 discovery path at the root): the pure 1.0 card
+    for path, headers in (
+        ("/a2a/.well-known/agent-card.json", {"A2A-Version": "1.0"}),
+        ("/.well-known/agent-card.json", {}),
+    ):
+        r = await client.get(path, headers=headers)
+        assert r.status == 200 and r.headers["Vary"] == "A2A-Version"
+        card = await r.json()
+        assert strict_card(card).name == "Ada"  # nothing the 1.0 schema does not have
+        assert {
+            (i["url"], i["protocolBinding"], i["protocolVersion"])
+            for i in card["supportedInterfaces"]
+        } == {(url, "JSONRPC", "1.0"), (url, "JSONRPC", "0.3")}
+        assert card["capabilities"] == {"streaming": True, "pushNotifications": False}
+        assert "securitySchemes" not in card and card["skills"][0]["id"] == "chat"
+    # a 0.3 client (no header at the seeds' path, or A2A-Version 0.3): the 0.3 fields as well
+    for path, headers in (
+        ("/a2a/.well-known/agent-card.json", {}),
+        ("/.well-known/agent-card.json", {"A2A-Version": "0.3"}),
+    ):
+        r = await client.get(path, headers=headers)
+        old = await r.json()
+        assert old["url"] == url and old["protocolVersion"] == "0.3.0"
+        assert v03.AgentCard.model_validate(old).url == url  # as a 0.3 client reads it
     assert r.headers["Cache-Control"].startswith("public, max-age=")
-    again = await client.get(
-        "/.well-known/agent-card.json", headers={"If-None-Match": r.headers["ETag"]}
-    )
+    tag = {"If-None-Match": r.headers["ETag"]}
+    again = await client.get("/.well-known/agent-card.json", headers={**tag, "A2A-Version": "0.3"})
     assert again.status == 304
+    other = await client.get("/.well-known/agent-card.json", headers=tag)
+    assert other.status == 200  # the 1.0 shape has a tag of its own
+    # Last-Modified, and If-Modified-Since (only without If-None-Match)
+    modified = r.headers["Last-Modified"]
+    since = {"If-Modified-Since": modified}
+    r = await client.get("/a2a/.well-known/agent-card.json", headers=since)
+    assert r.status == 304 and r.headers["Last-Modified"] == modified
+    r = await client.get(
+        "/a2a/.well-known/agent-card.json",
+        headers={"If-Modified-Since": "Mon, 01 Jan 2001 00:00:00 GMT"},
+    )
+    assert r.status == 200 and (await r.json())["name"] == "Ada"
 
 
 async def test_agent_card_with_a_key_is_public_and_declares_bearer(aiohttp_client, tmp_path):
+    from a2a.client.card_resolver import parse_agent_card
+    from a2a.compat.v0_3 import types as v03
+
     client = await aiohttp_client(
         a2a_app(tmp_path, AGENTIK_API_KEY=KEY, AGENTIK_PUBLIC_URL="https://agent.example.com/")
     )
+    card = await (await client.get("/.well-known/agent-card.json")).json()
+    parsed = strict_card(card)
+    assert card["securitySchemes"] == {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}}}
+    assert card["securityRequirements"] == [{"schemes": {"bearer": {"list": []}}}]
+    assert parsed.supported_interfaces[0].url == "https://agent.example.com/a2a/"
     r = await client.get("/a2a/.well-known/agent-card.json")
     assert r.status == 200
-    card = await r.json()
-    assert card["url"] == "https://agent.example.com/a2a/"
-    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
-    assert card["securityRequirements"] == [{"schemes": {"bearer": {"list": []}}}]
+    old = await r.json()
+    assert old["url"] == "https://agent.example.com/a2a/" and old["security"] == [{"bearer": []}]
+    assert v03.AgentCard.model_validate(old).security_schemes["bearer"].root.scheme == "Bearer"
+    # the 1.x SDK reads the 0.3 shape too
+    assert parse_agent_card(old).security_schemes["bearer"].http_auth_security_scheme.scheme == (
+        "Bearer"
+    )
     # the endpoint itself needs the key
     r = await client.post("/a2a/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask"})
     assert r.status == 401
@@ -296,6 +369,8 @@ async def test_streaming_send_in_order(aiohttp_client, tmp_path):
     assert texts == chunks
     appends = [e["artifactUpdate"].get("append", False) for e in events if "artifactUpdate" in e]
     assert appends == [False] + [True] * 19
+    lasts = [e["artifactUpdate"].get("lastChunk", False) for e in events if "artifactUpdate" in e]
+    assert lasts == [False] * 19 + [True]  # the final chunk says so
     assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
@@ -325,12 +400,16 @@ async def test_0_3_names_and_shapes(aiohttp_client, tmp_path):
     events = [e["result"] for e in await sse(r)]
     assert events[0]["kind"] == "task"
     assert [e["kind"] for e in events[1:]] == ["status-update", "artifact-update", "status-update"]
+    assert events[2]["lastChunk"] is True and events[2]["append"] is False
     assert events[-1]["final"] is True and events[-1]["status"]["state"] == "completed"
     answer = await rpc(client, "tasks/cancel", {"id": task["id"]}, version=None)
     assert answer["error"]["code"] == -32002
     answer = await rpc(client, "tasks/resubscribe", {"id": task["id"]}, version=None)
     assert answer["error"]["code"] == -32004
     answer = await rpc(client, "message/send", {"message": {"role": "user"}}, version=None)
+    assert answer["error"]["code"] == -32602
+    roleless = {k: v for k, v in message.items() if k != "role"} | {"messageId": "m9"}
+    answer = await rpc(client, "message/send", {"message": roleless}, version=None)
     assert answer["error"]["code"] == -32602
 
 
@@ -548,3 +627,28 @@ async def test_a_resent_message_is_the_same_task_not_a_second_turn(aiohttp_clien
     cid = task["metadata"]["agentikConversationId"]
     r = await client.get(f"/agentik/conversations/{cid}/messages")
     assert [m["type"] for m in (await r.json())["items"]] == ["user", "assistant"]
+
+
+def test_a_hand_written_chunk_is_what_the_sdk_writes():
+    """The reply's chunks are written without protobuf (the hot path): the same JSON as
+    MessageToDict (1.0) and the 0.3 model, with lastChunk and append."""
+    from a2a.compat.v0_3 import conversions
+    from a2a.types import a2a_pb2 as pb
+    from google.protobuf.json_format import MessageToDict
+
+    from agentik_transport_a2a import compat03
+    from agentik_transport_a2a.jsonrpc import V03, V10, _artifact_json
+
+    for append, last in ((False, False), (True, False), (True, True), (False, True)):
+        event = pb.TaskArtifactUpdateEvent(
+            task_id="t",
+            context_id="c",
+            artifact=pb.Artifact(artifact_id="reply", name="reply", parts=[pb.Part(text='a"é')]),
+            append=append,
+            last_chunk=last,
+        )
+        ours = json.loads(_artifact_json("t", "c", 'a"é', append, last, V10))
+        assert ours == MessageToDict(pb.StreamResponse(artifact_update=event))
+        ours = json.loads(_artifact_json("t", "c", 'a"é', append, last, V03))
+        model = conversions.to_compat_task_artifact_update_event(event)
+        assert ours == compat03._dump(model)

@@ -4,12 +4,16 @@ serve`` with the fake OpenAI server; a crash mid-task and the restart after it."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+from collections.abc import AsyncIterator
 
 import aiohttp
 import httpx
-from a2a.client import ClientConfig, create_client
+import pytest
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory, create_client
+from a2a.server.tasks.task_manager import append_artifact_to_task
 from a2a.types import a2a_pb2 as pb
 
 from tests.conftest import ROOT, read_sse, script_fake
@@ -37,6 +41,41 @@ def wire_message(text: str, message_id: str, context_id: str = "") -> dict:
         "contextId": context_id,
         "parts": [{"text": text}],
     }
+
+
+@contextlib.asynccontextmanager
+async def sdk_client(base: str, version: str, *, streaming: bool) -> AsyncIterator[Client]:
+    """The a2a-sdk client speaking ``version`` ("1.0", or "0.3": its ``CompatJsonRpcTransport``,
+    as it talks to an agent whose card offers only 0.3), built from the served card."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        card = await A2ACardResolver(http, base + "/a2a").get_agent_card()
+        keep = [i for i in card.supported_interfaces if i.protocol_version == version]
+        assert keep, card.supported_interfaces
+        del card.supported_interfaces[:]
+        card.supported_interfaces.extend(keep)
+        client = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http)).create(card)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+def folded(events: list[pb.StreamResponse]) -> pb.Task:
+    """The task a client builds from a stream: the first event's task, then each update folded
+    in with a2a-sdk's own ``append_artifact_to_task`` (which refuses an ``append`` to an
+    artifact it never got)."""
+    task = pb.Task()
+    task.CopyFrom(events[0].task)
+    for event in events[1:]:
+        if event.HasField("artifact_update"):
+            append_artifact_to_task(task, event.artifact_update)
+        elif event.HasField("status_update"):
+            task.status.CopyFrom(event.status_update.status)
+    return task
+
+
+def reply_text(task: pb.Task) -> str:
+    return "".join(p.text for a in task.artifacts for p in a.parts)
 
 
 async def fake_requests(fake: str) -> list[dict]:
@@ -304,3 +343,85 @@ async def test_20_a2a_streams_and_20_sse_listeners(serve, fake_openai_proc):
         assert "".join(text).split() == expected, ctx
         assert results[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
         assert "".join(sse_text) == "".join(text)
+
+
+# --- turns in which the model calls a tool (memory tools are on by default) -----------------
+
+SAVED = "I will remember Bruno."
+
+
+def memory_env(fake: str, tmp_path) -> dict[str, str]:
+    return openai_env(
+        fake,
+        AGENTIK_MEMORY_BACKEND="md",
+        AGENTIK_MEMORY_DIR=str(tmp_path / "memory"),
+        AGENTIK_MEMORY_REVIEW="0",
+    )
+
+
+async def script_tool_turn(fake: str) -> None:
+    note = {"category": "user", "text": "The user's dog is named Bruno"}
+    await script_fake(fake, {"tool_calls": [["memory_save", note]]}, {"text": SAVED, "chunks": 3})
+
+
+@pytest.mark.parametrize("version", ["1.0", "0.3"])
+async def test_a_turn_that_calls_a_tool_completes(serve, fake_openai_proc, tmp_path, version):
+    """The model calls memory_save, then answers: streamed, the client sees the tool call as a
+    WORKING update and the reply; not streamed, the finished task; in 1.0 and in 0.3."""
+    _, base = serve(memory_env(fake_openai_proc, tmp_path))
+    await script_tool_turn(fake_openai_proc)
+    async with sdk_client(base, version, streaming=True) as client:
+        events = [e async for e in client.send_message(message(f"remember {version}"))]
+    calls = [
+        e.status_update.status.message
+        for e in events
+        if e.HasField("status_update") and e.status_update.status.message.parts
+    ]
+    assert [m.parts[0].text for m in calls] == ["calling memory_save"]
+    assert calls[0].metadata["toolCall"]["name"] == "memory_save"
+    assert events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
+    task = folded(events)
+    assert task.status.state == pb.TASK_STATE_COMPLETED and reply_text(task) == SAVED
+    chunks = [e.artifact_update for e in events if e.HasField("artifact_update")]
+    assert [c.last_chunk for c in chunks] == [False, False, True]
+    assert "Bruno" in (tmp_path / "memory" / "user.md").read_text()
+
+    await script_tool_turn(fake_openai_proc)
+    async with sdk_client(base, version, streaming=False) as client:
+        (reply,) = [e async for e in client.send_message(message(f"again {version}"))]
+    assert reply.task.status.state == pb.TASK_STATE_COMPLETED
+    assert reply_text(reply.task) == SAVED
+    records = await history(base, reply.task.metadata["agentikConversationId"])
+    assert [r["type"] for r in records] == ["user", "tool_call", "tool_result", "assistant"]
+
+
+# --- subscribing to a running task, reading it mid-turn ------------------------------------
+
+
+@pytest.mark.parametrize("version", ["1.0", "0.3"])
+async def test_a_subscription_mid_turn_gets_the_whole_reply(serve, fake_openai_proc, version):
+    """A second client subscribes while the reply streams: its first event is the task with the
+    text so far, the appends continue it, and it ends with the whole reply; GetTask during the
+    turn shows the text so far."""
+    _, base = serve(openai_env(fake_openai_proc))
+    words = " ".join(f"w{i}" for i in range(80))
+    await script_fake(fake_openai_proc, {"text": words, "delay": 0.03})
+    async with sdk_client(base, version, streaming=True) as client:
+        stream = client.send_message(message(f"talk {version}"))
+        task_id = (await anext(stream)).task.id
+        seen = 0
+        async for event in stream:
+            seen += event.HasField("artifact_update")
+            if seen == 5:
+                break
+        await stream.aclose()  # the first client leaves; the task goes on
+        now = await client.get_task(pb.GetTaskRequest(id=task_id))
+        assert now.status.state == pb.TASK_STATE_WORKING
+        partial = reply_text(now)
+        assert len(partial.split()) >= 4 and words.startswith(partial)
+        events = [e async for e in client.subscribe(pb.SubscribeToTaskRequest(id=task_id))]
+    assert events[0].task.id == task_id and words.startswith(reply_text(events[0].task))
+    assert reply_text(events[0].task)  # the text streamed before the subscription
+    task = folded(events)
+    assert task.status.state == pb.TASK_STATE_COMPLETED
+    assert reply_text(task) == words

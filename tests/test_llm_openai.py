@@ -705,12 +705,19 @@ def settings(**env: str) -> Settings:
 
 
 def test_factory_names_missing_settings() -> None:
-    with pytest.raises(SettingsError, match="OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL"):
+    with pytest.raises(SettingsError, match=r"^OPENAI_API_KEY, OPENAI_MODEL must be set$"):
         plugin.make_backend(settings())
     with pytest.raises(SettingsError) as info:
         plugin.make_backend(settings(OPENAI_BASE_URL="http://localhost:1/v1"))
-    assert "OPENAI_API_KEY, OPENAI_MODEL must be set" in str(info.value)
-    assert "OPENAI_BASE_URL" not in str(info.value)
+    assert str(info.value) == "OPENAI_API_KEY, OPENAI_MODEL must be set"
+    # a key alone (as many shells export): OpenAI's own endpoint, and the model it lacks
+    with pytest.raises(SettingsError) as info:
+        plugin.make_backend(settings(OPENAI_API_KEY="sk-x"))
+    assert str(info.value) == (
+        "OPENAI_MODEL must be set. the model to ask at https://api.openai.com/v1, e.g. gpt-4o-mini"
+    )
+    llm = plugin.make_backend(settings(OPENAI_API_KEY="sk-x", OPENAI_MODEL="gpt-4o-mini"))
+    assert llm.description == "openai gpt-4o-mini @ https://api.openai.com/v1"
 
 
 def test_settings_validated() -> None:

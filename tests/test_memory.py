@@ -404,7 +404,13 @@ async def test_the_curator_archives_notes_never_used(app, backend, caplog):
 async def test_the_banner_line(app, backend, tmp_path):
     agent = await app(backend)
     await agent.memory.save("user", "The user's name is Alice.", "USER")
-    [line] = agentik_memory.banner_lines(agent, {"AGENTIK_MEMORY_BACKEND": backend})
+    settings = {
+        "AGENTIK_MEMORY_BACKEND": backend,
+        "AGENTIK_MEMORY_CURATOR_INTERVAL": 86400.0,
+        "AGENTIK_MEMORY_MAX_AGE": 90.0,
+    }
+    line, curator = agentik_memory.banner_lines(agent, settings)
+    assert curator == "curator: on (every 1d, archives notes unused for 90d)"  # as the seeds'
     where = {
         "md": f"{tmp_path / 'mem'}, 1 notes",
         "dict": "a dict, 1 notes",
@@ -429,3 +435,11 @@ async def test_twenty_conversations_saving_at_once_lose_nothing(app, tmp_path):
     texts = sorted(n.text for n in notes_in(tmp_path / "mem" / "world.md"))
     assert texts == sorted(f"Fact number{i} is true." for i in range(20))
     assert await agent.memory.count() == 20
+
+
+def test_the_curator_line_names_its_interval_in_the_largest_whole_unit():
+    from agentik_memory import _duration
+
+    assert [_duration(s) for s in (86400, 172800, 7200, 5400, 60, 90, 0.5)] == [
+        "1d", "2d", "2h", "90m", "1m", "90s", "0.5s",
+    ]  # fmt: skip

@@ -60,6 +60,7 @@ async def test_a_note_saved_by_the_model_is_remembered_across_conversations_and_
     proc, base = serve(memory_env(fake_openai_proc, folder))
     banner = proc.wait_output("memory: md (")
     assert f"memory: md ({folder}, 0 notes)" in banner and "memory_save" in banner
+    assert "  curator: on (every 1d, archives notes unused for 90d)\n" in banner
     await script_fake(
         fake_openai_proc, {"tool_calls": [["memory_save", NAME]]}, {"text": "I will remember."}
     )

@@ -122,8 +122,27 @@ def test_explicit_openai_without_its_variables_keeps_the_endpoint_hint(serve):
     proc, _ = serve({"AGENTIK_LLM_BACKEND": "openai"}, wait=False)
     assert proc.proc.wait(15) == 2
     line = one_line(proc.output)
-    assert "OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL must be set" in line
+    assert "OPENAI_API_KEY, OPENAI_MODEL must be set" in line
     assert "OPENAI_BASE_URL=http://localhost:11434/v1" in line
+
+
+def test_only_an_openai_key_uses_openai_and_asks_for_the_model_in_one_line(serve):
+    """A shell that exports only OPENAI_API_KEY: OpenAI's own endpoint (as the openai SDK),
+    and one line saying the model is missing, not a hint about Ollama."""
+    proc, _ = serve({"OPENAI_API_KEY": "sk-test"}, wait=False)
+    assert proc.proc.wait(15) == 2
+    line = one_line(proc.output)
+    assert line.endswith(
+        "OPENAI_MODEL must be set. the model to ask at https://api.openai.com/v1, e.g. gpt-4o-mini"
+    )
+    assert "11434" not in proc.output
+
+
+def test_an_openai_key_and_model_start_against_openai(serve):
+    proc, _ = serve({"OPENAI_API_KEY": "sk-test", "OPENAI_MODEL": "gpt-4o-mini"})
+    banner = proc.wait_output("tokens:")
+    assert "  llm: openai gpt-4o-mini @ https://api.openai.com/v1" in banner
+    assert "  llm choice: openai (OPENAI_API_KEY, OPENAI_MODEL set)" in banner
 
 
 def test_plugins_command_says_which_backend_and_why(tmp_path):

@@ -185,6 +185,32 @@ def test_temporary_plugin_registers_for_a_block():
     assert "temp" not in registries(plugins)["llm"].backends
 
 
+def test_the_all_extra_holds_every_feature_extra():
+    """`make serve` installs the `all` extra: every backend and transport the product names is in
+    it (the vector memory was not), on every Python its markers cover."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = {
+        name: {str(Requirement(line)) for line in value.strip().splitlines()}
+        for name, value in cfg["options.extras_require"].items()
+    }
+    for name, requirements in extras.items():
+        if name not in ("all", "bench", "test"):
+            assert requirements <= extras["all"], (name, requirements - extras["all"])
+    dist = cfg["metadata"]["name"]
+    assert any(
+        Requirement(r).name == dist and "all" in Requirement(r).extras for r in extras["test"]
+    )
+    hnsw = {r for r in extras["all"] if Requirement(r).name in ("chroma-hnswlib", "hnswlib")}
+    for python in ("3.11", "3.12", "3.13", "3.14"):  # exactly one provides the hnswlib module
+        env = {"python_version": python}
+        assert sum(bool(Requirement(r).marker.evaluate(env)) for r in hnsw) == 1, python
+
+
 def test_builtin_plugins_import_no_heavy_module():
     code = (
         "import sys, agentik.core.cli, agentik_llm_openai, agentik_transport_http,"
@@ -413,7 +439,7 @@ AUTHOR_PLUGINS = {
 
         @hookimpl
         def register_settings(register):
-            register(Setting("OPENAI_BASE_URL", None, parse_url, "Also the embeddings endpoint."))
+            register(Setting("OPENAI_BASE_URL", "https://api.openai.com/v1", parse_url, "Also."))
     """,
     "at_claims_openai": """
         from agentik import hookimpl
@@ -729,9 +755,18 @@ def test_an_undeclared_agentik_variable_gets_one_warning_with_the_closest_name(s
             "OPENAI_MODEL": "m",
             "AGENTIK_SYSTEM_PROMT": "You are Ada.",  # a typo
             "AGENTIK_RETIRED_FEATURE": "1",  # no loaded plugin reads it
+            "OPENAI_CONTEXT_WINDOWS": "8000",  # a typo of the other namespace
         }
     )
     output = proc.wait_output("agentik listening")
+    assert (
+        output.count(
+            "OPENAI_CONTEXT_WINDOWS is set but no loaded plugin declares it (did you mean "
+            "OPENAI_CONTEXT_WINDOW?) (OPENAI_* belongs to plugin agentik_llm_openai); it is "
+            "ignored"
+        )
+        == 1
+    )
     typo = (
         "AGENTIK_SYSTEM_PROMT is set but no loaded plugin declares it "
         "(did you mean AGENTIK_SYSTEM_PROMPT?); it is ignored"
@@ -741,13 +776,32 @@ def test_an_undeclared_agentik_variable_gets_one_warning_with_the_closest_name(s
     assert "AGENTIK_PORT is set" not in output  # declared ones are quiet
 
 
-def test_undeclared_variables_only_looks_at_agentik_variables():
+def test_openai_typos_are_warned_about_like_agentik_ones():
+    """The openai plugin claims OPENAI_*: a typo (or the legacy OPENAI_API_BASE) gets the
+    AGENTIK_* warning; the variables the openai SDK itself reads (a shell may export them for
+    other tools) and other prefixes are left alone."""
+    from agentik.core.app import declared_settings
     from agentik.core.settings import undeclared_variables
 
-    env = {"AGENTIK_PORT": "1", "AGENTIK_PROT": "2", "HOME": "/root", "OPENAI_MODLE": "x"}
-    assert undeclared_variables(["AGENTIK_PORT", "OPENAI_MODEL"], env) == [
+    settings = Settings(declared_settings(test_plugins(builtins=["agentik_llm_openai"])), {})
+    env = {
+        "AGENTIK_PORT": "1",
+        "AGENTIK_PROT": "2",
+        "HOME": "/root",
+        "OPENAI_MODLE": "x",
+        "OPENAI_API_BASE": "http://x/v1",  # the legacy name of the base URL
+        "OPENAI_ORG_ID": "org-1",
+        "OPENAI_PROJECT_ID": "p",
+        "MY_OPENAI_MODLE": "x",
+    }
+    owner = "(OPENAI_* belongs to plugin agentik_llm_openai)"
+    assert undeclared_variables(settings.declared, env, settings.prefixes, settings.others) == [
         "AGENTIK_PROT is set but no loaded plugin declares it (did you mean AGENTIK_PORT?); "
-        "it is ignored"
+        "it is ignored",
+        "OPENAI_API_BASE is set but no loaded plugin declares it (did you mean "
+        f"OPENAI_API_KEY?) {owner}; it is ignored",
+        "OPENAI_MODLE is set but no loaded plugin declares it (did you mean OPENAI_MODEL?) "
+        f"{owner}; it is ignored",
     ]
 
 

@@ -40,9 +40,17 @@ TRANSPORTS = (
     "agentik_transport_openai",
     "agentik_transport_mcp_server",
     "agentik_debug",
+    "agentik_transport_web",
 )
-#: routes anyone may read: the health check and the A2A agent card (it declares the scheme)
-PUBLIC = ("/health", "/.well-known/agent-card.json", "/a2a/.well-known/agent-card.json")
+#: routes anyone may read: the health check, the A2A agent card (it declares the scheme), and
+#: the web page's own files (it must load to ask for the key; it holds no data)
+PUBLIC = (
+    "/health",
+    "/.well-known/agent-card.json",
+    "/a2a/.well-known/agent-card.json",
+    "/",
+    "/assets/app.js",
+)
 
 
 def keyed_app(db_path, **env):
@@ -71,7 +79,8 @@ def concrete_routes(app: web.Application, cid: str) -> list[tuple[str, str]]:
             path = info.get("path") or info.get("formatter", "")
             for route in resource:
                 if route.method not in ("HEAD", "*"):
-                    out.append((route.method, prefix + path.replace("{id}", cid)))
+                    path = path.replace("{id}", cid).replace("{name}", "app.js")
+                    out.append((route.method, prefix + path))
 
     walk(app, "")
     return out
@@ -193,6 +202,39 @@ async def test_cors_allows_only_the_named_origins(aiohttp_client):
     assert "Access-Control-Allow-Origin" not in other.headers
 
 
+async def test_a_refused_origin_leaves_one_log_line_per_origin(aiohttp_client, caplog):
+    """An operator whose web page is turned away finds it in the log, once per origin (a
+    refused POST, or a preflight the browser then fails), not once per request."""
+    client = await aiohttp_client(make_app(env={"AGENTIK_CORS_ORIGINS": "https://ok.example"}))
+    caplog.set_level("WARNING", "agentik.core.security")
+    evil, other = {"Origin": "https://evil.example"}, {"Origin": "https://other.example"}
+    for _ in range(3):
+        r = await client.post("/agentik/conversations", json={}, headers=evil)
+        assert r.status == 403
+    preflight = {**other, "Access-Control-Request-Method": "POST"}
+    await client.options("/agentik/conversations", headers=preflight)
+    await client.options("/agentik/conversations", headers=preflight)
+    await client.post("/agentik/conversations", json={}, headers={"Origin": "https://ok.example"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "agentik.core.security"]
+    assert lines == [
+        "refused a browser page at https://evil.example (POST /agentik/conversations): it is "
+        "not in AGENTIK_CORS_ORIGINS (logged once a minute per origin)",
+        "refused a browser page at https://other.example (OPTIONS /agentik/conversations): it "
+        "is not in AGENTIK_CORS_ORIGINS (logged once a minute per origin)",
+    ]
+
+
+def test_once_per_interval_per_key_and_a_bounded_table():
+    now = [0.0]
+    limiter = security.OncePerInterval(60, most=2, clock=lambda: now[0])
+    assert limiter.due("a") and not limiter.due("a") and limiter.due("b")
+    assert not limiter.due("c")  # two keys this minute already: no more lines, no more rows
+    now[0] = 59.9
+    assert not limiter.due("a")
+    now[0] = 60.0
+    assert limiter.due("a") and limiter.due("c") and len(limiter.last) == 2
+
+
 async def test_no_server_version_header(aiohttp_client):
     client = await aiohttp_client(make_app())
     for path in ("/health", "/agentik/nothing"):
@@ -226,8 +268,28 @@ def test_api_keys_from_a_list_or_a_file(tmp_path):
         security.parse_api_keys("short")
     with pytest.raises(ValueError, match="cannot read"):
         security.parse_api_keys(f"@{tmp_path / 'missing'}")
-    with pytest.raises(SettingsError, match=r"AGENTIK_API_KEY=\*\*\* is invalid"):
-        make_app(env={"AGENTIK_API_KEY": "short"})  # a secret is never echoed
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("short-secret", "the key is too short: a key must be at least 16 characters"),
+        (f"{KEY},tiny-secret", "key 2 of 2 is too short: a key must be at least 16 characters"),
+        ("@{missing}", "cannot read the key file {missing}: No such file or directory"),
+        ("@{empty}", "the key file {empty} holds no key (one a line, # comments)"),
+        (" , ", "no key given"),
+    ],
+)
+def test_a_bad_api_key_says_why_without_showing_it(tmp_path, raw, why):
+    """A secret is never echoed, but the reason is: too short (the minimum), an unreadable or
+    empty key file (its path)."""
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty"}
+    paths["empty"].write_text("# no keys yet\n")
+    raw, why = raw.format(**paths), why.format(**paths)
+    with pytest.raises(SettingsError) as info:
+        make_app(env={"AGENTIK_API_KEY": raw})
+    assert str(info.value) == f"AGENTIK_API_KEY=*** is invalid: {why}"
+    assert "secret" not in str(info.value)  # no part of a key
 
 
 def test_serve_refuses_to_expose_the_agent_without_a_key(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -291,7 +292,7 @@ def test_openai_chosen_without_its_variables_tells_what_to_set(serve):
     proc, _ = serve({"AGENTIK_LLM_BACKEND": "openai"}, wait=False)
     assert proc.proc.wait(15) == 2
     out = proc.output
-    assert "OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL must be set" in out
+    assert "OPENAI_API_KEY, OPENAI_MODEL must be set" in out
     assert "OPENAI_BASE_URL=http://localhost:11434/v1" in out
     assert "Traceback" not in out
 
@@ -318,6 +319,21 @@ def test_invalid_settings_stop_start_up_with_one_line(serve, env, message):
     assert proc.proc.wait(15) == 2
     lines = [line for line in proc.output.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.output
+
+
+def test_a_port_in_use_says_to_set_agentik_port(serve, fake_openai_proc):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, _ = serve(openai_env(fake_openai_proc, AGENTIK_PORT=str(port)), wait=False)
+        assert proc.proc.wait(15) == 2
+    lines = [line for line in proc.output.splitlines() if line.strip()]
+    assert lines[-1] == (
+        f"agentik: error: cannot listen on 127.0.0.1:{port}: the port is in use (another "
+        f"server?); set AGENTIK_PORT (or --port) to a free one, e.g. AGENTIK_PORT={port + 1}"
+    )
+    assert "Traceback" not in proc.output
 
 
 def test_blank_settings_mean_defaults(serve, fake_openai_proc):

@@ -144,8 +144,8 @@ def test_the_plugin_is_an_entry_point_and_declares_its_settings():
     settings = Settings(plugin.SETTINGS, {"AGENTIK_MCP_CALL_TIMEOUT": "5"})
     assert settings["AGENTIK_MCP_CALL_TIMEOUT"] == 5.0
     assert settings["AGENTIK_MCP_START_TIMEOUT"] == 30.0
-    # no setting and no ./mcp.json: no service; `off` turns a ./mcp.json off
-    assert plugin.config_path(settings) is None
+    # unset or `off`: no MCP (a ./mcp.json is never read unless named)
+    assert plugin.config_path(settings) is None and settings["AGENTIK_MCP_CONFIG"] == "off"
     off = Settings(plugin.SETTINGS, {"AGENTIK_MCP_CONFIG": "off"})
     assert plugin.config_path(off) is None
     given = Settings(plugin.SETTINGS, {"AGENTIK_MCP_CONFIG": "/x/mcp.json"})
@@ -354,7 +354,7 @@ async def test_servers_that_fail_to_start_are_reported_and_skipped(tmp_path, cap
     assert "the tools of 'my time' are exposed as my_time__<tool>" in caplog.text
     assert "tool 'convert_time' of 'my time' is exposed as 'my_time__convert_time_2'" in caplog.text
     lines = tools.banner()
-    assert lines[0] == "mcp: 2 tools from 1 servers"
+    assert lines[0] == f"mcp: 2 tools from 1 servers in {path}"
     assert lines[1:] == [
         "mcp: skipped 'broken': \"command\" must be a string",
         f"mcp: skipped 'ghost': command not found: {tmp_path / 'no-such-server'}",
@@ -644,7 +644,7 @@ async def test_end_to_end_through_agentik_serve(serve, fake_openai_proc, tmp_pat
         }
     )
     output = proc.wait_output("tokens:")
-    assert "mcp: 2 tools from 1 servers" in output
+    assert f"mcp: 2 tools from 1 servers in {config}" in output  # which file was loaded
     assert "mcp: skipped 'ghost': command not found: /no/such/mcp-server" in output
     assert "mcp: skipped 'broken'" in output
     assert "tools: 2 (time__get_current_time, time__convert_time)" in output
@@ -691,3 +691,33 @@ async def test_end_to_end_through_agentik_serve(serve, fake_openai_proc, tmp_pat
     while left := [p for p in servers if psutil.pid_exists(p.pid)]:
         assert time.monotonic() < deadline, f"left behind: {[(p.pid, p.status()) for p in left]}"
         await asyncio.sleep(0.02)
+
+
+async def test_a_stray_mcp_json_is_not_read(serve, fake_openai_proc, tmp_path):
+    """A ./mcp.json in the folder the server starts from runs nothing unless
+    AGENTIK_MCP_CONFIG names it (the seeds: unset means MCP off); the banner says it is
+    there and how to load it, and `agentik plugins` shows the setting as `off`."""
+    folder = tmp_path / "here"
+    folder.mkdir()
+    marker = tmp_path / "it-ran"
+    code = f"open({str(marker)!r}, 'w').close()"
+    (folder / "mcp.json").write_text(
+        json.dumps({"mcpServers": {"stray": {"command": sys.executable, "args": ["-c", code]}}})
+    )
+    env = {
+        "OPENAI_BASE_URL": fake_openai_proc,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_MODEL": "fake-model",
+    }
+    proc, _ = serve(env, cwd=folder)
+    output = proc.wait_output("tokens:")
+    assert "mcp: off (./mcp.json is not read: AGENTIK_MCP_CONFIG=mcp.json loads it)" in output
+    assert "tools: 0" in output and not marker.exists()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
+    plugins = await asyncio.create_subprocess_exec(
+        str(BIN / "agentik"), "plugins", env=clean, cwd=folder, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(plugins.communicate(), 60)
+    assert plugins.returncode == 0
+    assert "  AGENTIK_MCP_CONFIG=off  (default: off) " in out.decode()
+    assert not marker.exists()

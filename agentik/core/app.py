@@ -70,7 +70,7 @@ def declared_settings(plugins: Plugins) -> list[Setting | SettingPrefix]:
 
         def register(s: Setting | SettingPrefix, plugin: str = impl.plugin_name) -> None:
             if isinstance(s, SettingPrefix):
-                declared.append(SettingPrefix(s.prefix, plugin))
+                declared.append(SettingPrefix(s.prefix, plugin, tuple(s.others)))
                 return
             if not isinstance(s, Setting):
                 raise TypeError(
@@ -160,7 +160,11 @@ def select_llm(
         variable = "AGENTIK_LLM_BACKEND" if why is None else "the default AGENTIK_LLM_BACKEND"
         llm: LLMBackend = regs["llm"].create(name, settings, variable=variable)
     except SettingsError as e:
-        raise StartupError(f"{e}. {NO_LLM_HINT}" if name == "openai" else str(e)) from e
+        # someone who set no OPENAI_* at all gets an example endpoint; one who set some is
+        # told exactly what is missing, nothing more
+        started = any(n.startswith("OPENAI_") for n in settings.explicit)
+        hint = name == "openai" and not started
+        raise StartupError(f"{e}. {NO_LLM_HINT}" if hint else str(e)) from e
     except BackendError as e:
         if why is not None and name == ON_DEVICE_LLM:  # the default is not installed here
             raise StartupError(f"no LLM is configured and {e}. {NO_LLM_HINT}") from e

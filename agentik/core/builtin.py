@@ -165,7 +165,8 @@ CORE_SETTINGS = (
         "AGENTIK_SHUTDOWN_TIMEOUT",
         5.0,
         parse_positive_float,
-        "Seconds a graceful shutdown waits for running turns and requests.",
+        "Seconds a graceful shutdown gives HTTP requests still in progress before cancelling "
+        "them (running turns are interrupted at once, not waited for).",
     ),
     Setting(
         "AGENTIK_LOAD_PLUGINS",

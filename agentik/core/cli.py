@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import inspect
 import json
 import logging
@@ -220,25 +221,27 @@ def serve_command(host: str | None, port: int | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     plugins.report()
-    for warning in undeclared_variables(settings.declared, prefixes=settings.prefixes):
+    undeclared = undeclared_variables(
+        settings.declared, prefixes=settings.prefixes, others=settings.others
+    )
+    for warning in undeclared:
         log.warning("%s", warning)
     try:
         host = bind_host(settings, host)
         app = create_app(settings, plugins)
     except (StartupError, SettingsError, BackendError, ValueError) as e:
         return fail(str(e), e)
+    port = settings["AGENTIK_PORT"] if port is None else port
     try:
-        asyncio.run(
-            _serve(
-                app,
-                host,
-                settings["AGENTIK_PORT"] if port is None else port,
-                settings["AGENTIK_SHUTDOWN_TIMEOUT"],
-            )
-        )
+        asyncio.run(_serve(app, host, port, settings["AGENTIK_SHUTDOWN_TIMEOUT"]))
     except StartupError as e:
         return fail(str(e), e)
     except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return fail(
+                f"cannot listen on {host}:{port}: the port is in use (another server?); "
+                f"set AGENTIK_PORT (or --port) to a free one, e.g. AGENTIK_PORT={port + 1}"
+            )
         return fail(f"cannot listen: {e}")
     return 0
 
@@ -429,7 +432,8 @@ def plugins_command(as_json: bool) -> int:
         invalid = None
     except SettingsError as e:
         settings, invalid = {}, str(e)
-    problems += undeclared_variables((s.name for s in declared), prefixes=prefixes)
+    others = [name for p in items if isinstance(p, SettingPrefix) for name in p.others]
+    problems += undeclared_variables((s.name for s in declared), prefixes=prefixes, others=others)
     llm, why = llm_choice(Settings(declared)) if not invalid else (None, None)
     selected = {
         "llm": llm,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,9 +27,10 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from agentik.core.responses import error_response
-from agentik.core.settings import Settings, parse_list
+from agentik.core.settings import SecretSafeError, Settings, parse_list
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -47,23 +50,34 @@ def own_content_type(handler: F) -> F:
     return handler
 
 
+MIN_KEY_LENGTH = 16
+
+
 def parse_api_keys(raw: str) -> tuple[str, ...]:
-    """A comma list of keys, or ``@/path/to/file`` with one key per line (``#`` comments)."""
+    """A comma list of keys, or ``@/path/to/file`` with one key per line (``#`` comments).
+    Its errors say why without quoting a key (they are shown although the setting is secret)."""
     if raw.startswith("@"):
         path = Path(raw[1:]).expanduser()
         try:
             text = path.read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read the key file: {e.strerror or e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            raise SecretSafeError(f"cannot read the key file {path}: {why}") from None
         keys = tuple(
             line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
         )
+        if not keys:
+            raise SecretSafeError(f"the key file {path} holds no key (one a line, # comments)")
     else:
         keys = parse_list(raw)
     if not keys:
-        raise ValueError("no key given")
-    if any(len(k) < 16 for k in keys):
-        raise ValueError("every key must be at least 16 characters")
+        raise SecretSafeError("no key given")
+    short = [i for i, k in enumerate(keys, 1) if len(k) < MIN_KEY_LENGTH]
+    if short:
+        which = f"key {short[0]} of {len(keys)}" if len(keys) > 1 else "the key"
+        raise SecretSafeError(
+            f"{which} is too short: a key must be at least {MIN_KEY_LENGTH} characters"
+        )
     return keys
 
 
@@ -107,6 +121,29 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
     return error_response(status, code, message)
 
 
+class OncePerInterval:
+    """Says whether a key (a refused origin) is due a log line again: once per ``interval``
+    seconds each, and at most ``most`` keys per interval (origins are the client's to name:
+    neither the log nor this table grows without bound)."""
+
+    def __init__(
+        self, interval: float = 60.0, most: int = 100, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval, self.most, self.clock = interval, most, clock
+        self.last: dict[str, float] = {}
+
+    def due(self, key: str) -> bool:
+        now = self.clock()
+        if now - self.last.get(key, -self.interval) < self.interval:
+            return False
+        if len(self.last) >= self.most:
+            self.last = {k: t for k, t in self.last.items() if now - t < self.interval}
+            if len(self.last) >= self.most:
+                return False
+        self.last[key] = now
+        return True
+
+
 def middleware(settings: Settings) -> Callable[..., Any]:
     keys = [k.encode() for k in settings["AGENTIK_API_KEY"] or ()]
     allowed_hosts: frozenset[str] | None
@@ -116,6 +153,7 @@ def middleware(settings: Settings) -> Callable[..., Any]:
     else:  # a rebound page cannot present a key: with one, any name may reach the server
         allowed_hosts = None if keys else LOOPBACK_NAMES
     origins = frozenset(settings["AGENTIK_CORS_ORIGINS"])
+    refused_origins = OncePerInterval()
 
     def authorized(request: web.Request) -> bool:
         given = ""
@@ -147,12 +185,23 @@ def middleware(settings: Settings) -> Callable[..., Any]:
                 )
                 preflight.headers["Access-Control-Max-Age"] = CORS_MAX_AGE
                 return preflight
-        elif cross and request.method not in SAFE_METHODS:
-            return _refuse(
-                403,
-                "cross_origin",
-                f"requests from {origin} are not allowed (AGENTIK_CORS_ORIGINS)",
-            )
+        elif origin is not None and cross:
+            # the operator learns which page was turned away: a state change is refused here,
+            # a read or a preflight gets no CORS headers, so the browser refuses it
+            if refused_origins.due(origin):
+                log.warning(
+                    "refused a browser page at %s (%s %s): it is not in AGENTIK_CORS_ORIGINS "
+                    "(logged once a minute per origin)",
+                    origin,
+                    request.method,
+                    request.path,
+                )
+            if request.method not in SAFE_METHODS:
+                return _refuse(
+                    403,
+                    "cross_origin",
+                    f"requests from {origin} are not allowed (AGENTIK_CORS_ORIGINS)",
+                )
         route = request.match_info.handler
         if (
             request.method not in SAFE_METHODS

@@ -125,6 +125,10 @@ def parse_path(raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+class SecretSafeError(ValueError):
+    """An invalid value whose message quotes none of it: shown even for a secret setting."""
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One environment variable: its name, default, parser and a line of help."""
@@ -154,10 +158,13 @@ class SettingPrefix:
     """Claims every variable that starts with ``prefix`` (``"HEARTBEAT_"``) for the plugin: one
     set in the environment that no plugin declares gets the same "did you mean" warning at
     start-up as an unknown ``AGENTIK_*`` variable, so a typo (``HEARTBEAT_INTERVL``) is not
-    silently ignored. ``register(SettingPrefix("HEARTBEAT_"))`` in ``register_settings``."""
+    silently ignored. ``register(SettingPrefix("HEARTBEAT_"))`` in ``register_settings``.
+    ``others``: variables under the prefix that other programs read (the ``openai`` SDK's
+    ``OPENAI_ORG_ID``), never warned about."""
 
     prefix: str
     plugin: str | None = None
+    others: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Z][A-Z0-9]+_", self.prefix):
@@ -197,18 +204,21 @@ def undeclared_variables(
     declared: Iterable[str],
     env: Mapping[str, str] | None = None,
     prefixes: Mapping[str, str | None] | Iterable[str] = ("AGENTIK_",),
+    others: Iterable[str] = (),
 ) -> list[str]:
     """A warning for each variable set in the environment under one of ``prefixes``
     (``AGENTIK_*`` and the prefixes plugins claim with :class:`SettingPrefix`, mapped to the
     plugin) that no loaded plugin declares (a typo, or the feature's plugin is gone), with the
-    closest declared name."""
+    closest declared name; ``others`` (other programs' variables under a claimed prefix) are
+    left alone."""
     env = os.environ if env is None else env
     names = set(declared)
     owners = dict(prefixes) if isinstance(prefixes, Mapping) else dict.fromkeys(prefixes)
+    skip = frozenset(others)
     warnings = []
     for var in sorted(env):
         prefix = next((p for p in owners if var.startswith(p)), None)
-        if prefix is None or var in names:
+        if prefix is None or var in names or var in skip:
             continue
         match = difflib.get_close_matches(var, sorted(names), n=1)
         hint = f" (did you mean {match[0]}?)" if match else ""
@@ -229,9 +239,12 @@ class Settings(Mapping[str, Any]):
         items = list(declared)
         #: the prefixes plugins claim (:class:`SettingPrefix`) -> the plugin, ``AGENTIK_`` first
         self.prefixes: dict[str, str | None] = {"AGENTIK_": None}
+        #: other programs' variables under those prefixes (``SettingPrefix.others``)
+        self.others: set[str] = set()
         for item in items:
             if isinstance(item, SettingPrefix):
                 self.prefixes.setdefault(item.prefix, item.plugin)
+                self.others.update(item.others)
         settings = [s for s in items if isinstance(s, Setting)]
         errors = setting_conflicts(settings)
         self.declared: dict[str, Setting] = {}
@@ -250,11 +263,12 @@ class Settings(Mapping[str, Any]):
             try:
                 values[s.name] = s.parse(raw.strip())
             except (ValueError, TypeError) as e:
-                # a parser's message may quote the value: never show a secret's
+                # a parser's message may quote the value: a secret's only when it says it won't
+                why = f": {e}" if not s.secret or isinstance(e, SecretSafeError) else ""
                 errors.append(
-                    f"{s.name}=*** is invalid"
+                    f"{s.name}=*** is invalid{why}"
                     if s.secret
-                    else f"{s.name}={raw.strip()!r} is invalid: {e}"
+                    else f"{s.name}={raw.strip()!r} is invalid{why}"
                 )
         if errors:
             raise SettingsError("; ".join(errors))

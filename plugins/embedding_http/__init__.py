@@ -41,7 +41,6 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 
 def make_backend(settings: Settings) -> Any:
     settings.require(
-        "OPENAI_BASE_URL",
         "OPENAI_API_KEY",
         hint="the http embedding backend posts to {OPENAI_BASE_URL}/embeddings "
         "(or choose another with AGENTIK_EMBEDDING_BACKEND)",

@@ -11,15 +11,25 @@ from collections.abc import Callable
 from typing import Any
 
 from agentik.core import settings as cfg
-from agentik.core.settings import Setting, Settings
+from agentik.core.settings import Setting, SettingPrefix, Settings
 from agentik.hookspecs import hookimpl
+
+OPENAI_API = "https://api.openai.com/v1"  # the openai SDK's default base URL
+OPENAI_SDK_VARIABLES = (
+    "OPENAI_ORG_ID",
+    "OPENAI_PROJECT_ID",
+    "OPENAI_WEBHOOK_SECRET",
+    "OPENAI_LOG",
+    "OPENAI_ADMIN_KEY",
+)
 
 SETTINGS = (
     Setting(
         "OPENAI_BASE_URL",
-        None,
+        OPENAI_API,
         cfg.parse_url,
-        "Required for `openai` and `http` embeddings: the endpoint, e.g. https://api.openai.com/v1",
+        "The OpenAI-compatible endpoint of `openai` and `http` embeddings (default: OpenAI's "
+        "own, as the openai SDK), e.g. http://localhost:11434/v1 for a local Ollama.",
     ),
     Setting(
         "OPENAI_API_KEY",
@@ -69,13 +79,19 @@ SETTINGS = (
 
 
 @hookimpl
-def register_settings(register: Callable[[Setting], None]) -> None:
+def register_settings(register: Callable[[Setting | SettingPrefix], None]) -> None:
     for setting in SETTINGS:
         register(setting)
+    # an OPENAI_* typo gets the same warning as an AGENTIK_* one; the variables the openai SDK
+    # itself reads (a shell may export them for other tools) are not typos
+    register(SettingPrefix("OPENAI_", others=OPENAI_SDK_VARIABLES))
 
 
 def make_backend(settings: Settings) -> Any:
-    settings.require("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL")
+    if settings["OPENAI_API_KEY"] and not settings["OPENAI_MODEL"]:  # a shell's key alone
+        where = settings["OPENAI_BASE_URL"]
+        settings.require("OPENAI_MODEL", hint=f"the model to ask at {where}, e.g. gpt-4o-mini")
+    settings.require("OPENAI_API_KEY", "OPENAI_MODEL")
     from agentik_llm_openai.backend import OpenAIBackend
 
     return OpenAIBackend(

@@ -127,6 +127,18 @@ async def memory_service(agent: Any, settings: Settings) -> AsyncIterator[Any]:
         feature.close()
 
 
+def add_routes(app: Any, agent: Any, settings: Settings) -> None:
+    if agent.memory is not None:
+        from agentik_memory.routes import add_routes
+
+        add_routes(app, agent.memory)
+
+
+@hookimpl
+def register_transports(register: Callable[..., None]) -> None:
+    register("memory", add_routes)  # GET /agentik/memory/notes, DELETE …/notes/{id}
+
+
 @hookimpl
 def register_debug_actions(register: Callable[..., None], agent: Any, settings: Settings) -> None:
     if agent.memory is None:
@@ -179,10 +191,23 @@ def before_compaction(conversation: Any, items: Any) -> Any:
 @hookimpl
 def banner_lines(agent: Any, settings: Settings) -> list[str]:
     if agent.memory is None:
-        return ["memory: off"]
+        return ["memory: off", "curator: off (memory is off)"]
     name = settings["AGENTIK_MEMORY_BACKEND"]
     where = agent.memory.describe()
-    return [f"memory: {name}" + (f" ({where})" if where else "")]
+    every = _duration(settings["AGENTIK_MEMORY_CURATOR_INTERVAL"])
+    days = settings["AGENTIK_MEMORY_MAX_AGE"]
+    return [
+        f"memory: {name}" + (f" ({where})" if where else ""),
+        f"curator: on (every {every}, archives notes unused for {days:g}d)",
+    ]
+
+
+def _duration(seconds: float) -> str:
+    """``86400`` → ``1d``, ``7200`` → ``2h``, ``90`` → ``90s``: the largest whole unit."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @hookimpl

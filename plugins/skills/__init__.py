@@ -157,6 +157,19 @@ def register_tools(register: Callable[..., None], settings: Settings) -> None:
             register(t)
 
 
+def add_routes(app: Any, agent: Any, settings: Settings) -> None:
+    cat = catalogue(settings)
+    if cat is not None:
+        from agentik_skills.routes import add_routes
+
+        add_routes(app, cat)
+
+
+@hookimpl
+def register_transports(register: Callable[..., None]) -> None:
+    register("skills", add_routes)  # GET /agentik/skills, GET /agentik/skills/{name}
+
+
 @hookimpl
 def register_prompt_sections(register: Callable[..., None], settings: Settings) -> None:
     cat = catalogue(settings)

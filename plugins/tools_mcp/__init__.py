@@ -1,9 +1,9 @@
 """MCP tools: every tool of the MCP servers in ``mcp.json``, as ``server__tool``.
 
-Hooks only: ``mcp`` is imported when the service starts, and only when there is a config
-(``AGENTIK_MCP_CONFIG``, or ``./mcp.json`` when that file exists). The servers start in
-parallel before requests are served; one that fails is logged, shown in the banner and
-skipped. See ``docs/mcp.md``.
+Hooks only: ``mcp`` is imported when the service starts, and only when
+``AGENTIK_MCP_CONFIG`` names a config: nothing else is read (a stray ``./mcp.json`` would run
+its commands). The servers start in parallel before requests are served; one that fails is
+logged, shown in the banner and skipped. See ``docs/mcp.md``.
 """
 
 from __future__ import annotations
@@ -19,23 +19,24 @@ from agentik.core import settings as cfg
 from agentik.core.settings import Setting, Settings
 from agentik.hookspecs import hookimpl
 
-DEFAULT_CONFIG = Path("mcp.json")
+OFF = "off"
+STRAY = Path("mcp.json")  # not read unless named: the banner says so when it is there
 
 
-def parse_config(raw: str) -> Path | bool:
+def parse_config(raw: str) -> Path | str:
     """A path, or ``off`` (also ``none``, ``0``, ``false``, ``no``): no MCP servers at all."""
     if raw.strip().lower() in ("off", "none", "0", "false", "no"):
-        return False
+        return OFF
     return cfg.parse_path(raw)
 
 
 SETTINGS = (
     Setting(
         "AGENTIK_MCP_CONFIG",
-        None,
+        OFF,
         parse_config,
         "Claude-Desktop-format mcp.json with the MCP servers whose tools the agent gets "
-        "(default: ./mcp.json if it exists; `off` for none).",
+        "(unset or `off`: no MCP servers; a ./mcp.json is read only when named here).",
     ),
     Setting(
         "AGENTIK_MCP_START_TIMEOUT",
@@ -63,11 +64,9 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 
 
 def config_path(settings: Settings) -> Path | None:
-    """The config to read: the setting, else ``./mcp.json`` if it exists, else none."""
+    """The config to read: the one ``AGENTIK_MCP_CONFIG`` names, else none."""
     value = settings["AGENTIK_MCP_CONFIG"]
-    if value is None:
-        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
-    return value or None
+    return value if isinstance(value, Path) else None
 
 
 @hookimpl
@@ -120,9 +119,13 @@ def quiet_libraries() -> None:
 
 
 @hookimpl
-def banner_lines(agent: Any) -> list[str] | None:
+def banner_lines(agent: Any, settings: Settings) -> list[str] | None:
     tools = agent.state.get(STATE)
-    return tools.banner() if tools is not None else None
+    if tools is not None:
+        return list(tools.banner())
+    if config_path(settings) is None and STRAY.is_file():
+        return [f"mcp: off (./{STRAY} is not read: AGENTIK_MCP_CONFIG={STRAY} loads it)"]
+    return None
 
 
 @hookimpl

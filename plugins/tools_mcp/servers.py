@@ -69,13 +69,16 @@ class MCPTools:
         #: servers left out, by name: malformed entries and servers that did not start
         self.failed: dict[str, str] = dict(skipped or {})
         self.tools: list[Tool] = []
+        self.source: Path | None = None  # the config file they come from (for the banner)
         for name, why in self.failed.items():
             log.warning("mcp: server %r skipped: %s", name, why)
 
     @classmethod
     def from_file(cls, path: Path, env: Mapping[str, str], **kwargs: Any) -> MCPTools:
         servers, skipped = cfg.load(path, env)
-        return cls(servers, skipped, **kwargs)
+        tools = cls(servers, skipped, **kwargs)
+        tools.source = path
+        return tools
 
     async def start(self, taken: Collection[str] = ()) -> list[Tool]:
         """Start every server in parallel; return the tools of those that started."""
@@ -101,7 +104,8 @@ class MCPTools:
         return [s for s in self.servers if s.state != "failed"]
 
     def banner(self) -> list[str]:
-        lines = [f"mcp: {len(self.tools)} tools from {len(self.running)} servers"]
+        source = f" in {self.source}" if self.source is not None else ""
+        lines = [f"mcp: {len(self.tools)} tools from {len(self.running)} servers{source}"]
         lines += [f"mcp: skipped {name!r}: {why}" for name, why in self.failed.items()]
         return lines
 

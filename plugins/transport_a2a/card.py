@@ -1,6 +1,8 @@
-"""The agent card: A2A 1.0 fields, plus the 0.3 ones (``url``, ``preferredTransport``,
-``protocolVersion``, ``security``) merged in the way a2a-sdk's own server merges them, so
-clients of either version read it."""
+"""The agent card, in two shapes: the pure A2A 1.0 card (what the 1.0 schema allows, nothing
+more), and the card for 0.3 clients: the same with the 0.3 fields (``url``,
+``preferredTransport``, ``protocolVersion``, ``security`` and the 0.3 keys of the security
+schemes) merged in the way a2a-sdk's own server merges them, so that clients of either version
+read it. Which one a request gets is the routes' choice (``A2A-Version``, see docs/a2a.md)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,15 @@ from typing import Any
 from agentik.core.settings import Settings
 
 CHAT_SKILL = {"id": "chat", "name": "Chat", "tags": ["chat"]}
+VERSION_HEADER = "A2A-Version"  # the request header that names the client's A2A version
 
 
-def agent_card(settings: Settings, base_url: str, rpc_path: str) -> dict[str, Any]:
+def agent_card(
+    settings: Settings, base_url: str, rpc_path: str, *, legacy: bool = False
+) -> dict[str, Any]:
     """The card for clients that reach this server at ``base_url`` (scheme://host[:port]);
-    ``AGENTIK_PUBLIC_URL`` wins over it (a server behind a proxy)."""
+    ``AGENTIK_PUBLIC_URL`` wins over it (a server behind a proxy). ``legacy``: with the 0.3
+    fields too."""
     public = settings["AGENTIK_PUBLIC_URL"]
     url = (public.rstrip("/") if public else base_url) + rpc_path
     description = settings["AGENTIK_A2A_DESCRIPTION"]
@@ -29,21 +35,16 @@ def agent_card(settings: Settings, base_url: str, rpc_path: str) -> dict[str, An
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain"],
         "skills": skills(settings) or [{**CHAT_SKILL, "description": description}],
-        # A2A 0.3
-        "url": url,
-        "preferredTransport": "JSONRPC",
-        "protocolVersion": "0.3.0",
     }
-    if settings["AGENTIK_API_KEY"]:
-        card["securitySchemes"] = {
-            "bearer": {
-                "httpAuthSecurityScheme": {"scheme": "Bearer"},
-                "type": "http",  # 0.3
-                "scheme": "Bearer",  # 0.3
-            }
-        }
+    bearer = bool(settings["AGENTIK_API_KEY"])
+    if bearer:
+        card["securitySchemes"] = {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}}}
         card["securityRequirements"] = [{"schemes": {"bearer": {"list": []}}}]
-        card["security"] = [{"bearer": []}]  # 0.3
+    if legacy:
+        card.update(url=url, preferredTransport="JSONRPC", protocolVersion="0.3.0")
+        if bearer:
+            card["securitySchemes"]["bearer"].update(type="http", scheme="Bearer")
+            card["security"] = [{"bearer": []}]
     return card
 
 

@@ -17,10 +17,10 @@ from a2a.utils.error_handlers import build_error_details
 from google.protobuf.json_format import MessageToDict, ParseDict
 from packaging.version import InvalidVersion, Version
 
+from agentik_transport_a2a.card import VERSION_HEADER as VERSION_HEADER
 from agentik_transport_a2a.service import Update
 
 V10, V03 = "1.0", "0.3"
-VERSION_HEADER = "A2A-Version"
 
 REQUESTS_10: dict[str, type[Any]] = {
     "SendMessage": pb.SendMessageRequest,
@@ -214,19 +214,23 @@ def _update_json(update: Update, version: str) -> bytes:
     return _dumps(compat03.status_update(update.value))
 
 
-def _artifact_json(task_id: str, context_id: str, text: str, append: bool, version: str) -> bytes:
+def _artifact_json(
+    task_id: str, context_id: str, text: str, append: bool, last: bool, version: str
+) -> bytes:
     """One chunk of the reply: the hot path (one a text delta), so written without protobuf or
     a nested ``json.dumps``; the same JSON as ``MessageToDict`` (1.0) or the 0.3 model gives."""
     ids = f'"taskId":{_string(task_id)},"contextId":{_string(context_id)}'
-    flag = "true" if append else "false"
     if version == V10:
         part = f'{{"text":{_string(text)}}}'
+        # as MessageToDict writes them: a flag only when it is true
+        flags = (',"append":true' if append else "") + (',"lastChunk":true' if last else "")
         return (
             f'{{"artifactUpdate":{{{ids},"artifact":{{"artifactId":"reply","name":"reply",'
-            f'"parts":[{part}]}},"append":{flag}}}}}'
+            f'"parts":[{part}]}}{flags}}}}}'
         ).encode("utf-8", "replace")
     part = f'{{"kind":"text","text":{_string(text)}}}'
+    flags = f'"append":{"true" if append else "false"},"lastChunk":{"true" if last else "false"}'
     return (
         f'{{"kind":"artifact-update",{ids},"artifact":{{"artifactId":"reply","name":"reply",'
-        f'"parts":[{part}]}},"append":{flag},"lastChunk":false}}'
+        f'"parts":[{part}]}},{flags}}}'
     ).encode("utf-8", "replace")

@@ -6,21 +6,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime
 
 from aiohttp import web
 
 from agentik.core.agent import ChatAgent
 from agentik.core.security import own_content_type, public
 from agentik.core.settings import Settings
-from agentik_transport_a2a.card import agent_card, skills_version
+from agentik_transport_a2a.card import VERSION_HEADER, agent_card, skills_version
 
 CARD_CACHE = "public, max-age=300"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)  # HTTP dates have whole seconds
 
 
 class A2ARoutes:
     def __init__(self, agent: ChatAgent, settings: Settings, root: str) -> None:
         self.agent, self.settings, self.root = agent, settings, root
-        self._cards: dict[tuple[str, int | None], tuple[bytes, str]] = {}
+        self._cards: dict[tuple[bool, str, int | None], tuple[bytes, str]] = {}
+        # the card changes only with the skills catalogue: since when it is as it is
+        self._changed: tuple[int | None, datetime] = (None, _now())
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post(self.root, self.rpc)
@@ -30,22 +37,43 @@ class A2ARoutes:
 
     # --- the agent card -----------------------------------------------------------------------
 
+    def legacy_card(self, request: web.Request) -> bool:
+        """Whether to answer with the card 0.3 clients read: ``A2A-Version`` 0.x says so, 1.x
+        says not; without the header, the seeds' 0.3 path under the A2A root gets it and the
+        1.0 discovery path at the host's root does not."""
+        asked = request.headers.get(VERSION_HEADER, "").strip()
+        if asked:
+            return asked.split(".", 1)[0] == "0"
+        return request.path != "/.well-known/agent-card.json"
+
     @public
     async def card(self, request: web.Request) -> web.Response:
+        legacy = self.legacy_card(request)
         base = f"{request.scheme}://{request.host}"
-        key = (base, skills_version(self.settings))
+        version = skills_version(self.settings)
+        if version != self._changed[0]:
+            self._changed = (version, _now())
+        key = (legacy, base, version)
         cached = self._cards.get(key)
         if cached is None:
             if len(self._cards) > 32:  # hosts are the client's to name: keep few
                 self._cards.clear()
-            card = agent_card(self.settings, base, self.root + "/")
+            card = agent_card(self.settings, base, self.root + "/", legacy=legacy)
             body = json.dumps(card, ensure_ascii=False, indent=2).encode()
             cached = self._cards[key] = (body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
         body, etag = cached
-        headers = {"Cache-Control": CARD_CACHE, "ETag": etag}
-        if etag in request.headers.get("If-None-Match", ""):
-            return web.Response(status=304, headers=headers)
-        return web.Response(body=body, content_type="application/json", headers=headers)
+        modified = self._changed[1]
+        headers = {"Cache-Control": CARD_CACHE, "ETag": etag, "Vary": VERSION_HEADER}
+        if request.headers.get("If-None-Match") is not None:  # it wins over If-Modified-Since
+            fresh = etag in request.headers["If-None-Match"]
+        else:
+            since = request.if_modified_since
+            fresh = since is not None and since >= modified
+        response = web.Response(status=304, headers=headers)
+        if not fresh:
+            response = web.Response(body=body, content_type="application/json", headers=headers)
+        response.last_modified = modified
+        return response
 
     @own_content_type
     async def rpc(self, request: web.Request) -> web.StreamResponse:

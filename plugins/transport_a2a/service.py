@@ -59,6 +59,10 @@ def _now_status(state: int, text: str | None = None, task: pb.Task | None = None
     return status
 
 
+def _reply_artifact(text: str) -> pb.Artifact:
+    return pb.Artifact(artifact_id=REPLY, name=REPLY, parts=[pb.Part(text=text)])
+
+
 def agent_message(task: pb.Task, text: str) -> pb.Message:
     return pb.Message(
         message_id=str(uuid.uuid4()),
@@ -87,6 +91,8 @@ class TaskRun:
     def __init__(self, task: pb.Task, conv: ChatConversation, turn_id: str) -> None:
         self.task, self.conv, self.turn_id = task, conv, turn_id
         self.updates: list[Update] = []
+        self.text: list[str] = []  # the reply's chunks published so far: the partial artifact
+        self.held: str | None = None  # the newest chunk, published with the next event
         self.started = False  # its turn emitted its first event
         self.turn_over = False  # its turn emitted its End
         self.cancel_requested = False
@@ -98,7 +104,34 @@ class TaskRun:
         self.first: tuple[pb.Task, int] | None = None
 
     def publish(self, update: Update) -> None:
+        if self.held is not None:  # the chunk before it is not the last
+            self._publish_chunk(self.held, last=False)
         self.updates.append(update)
+        self._wake()
+
+    def add_text(self, chunk: str) -> None:
+        """A chunk of the reply. It goes out when the next event comes, so that the final one
+        can carry ``lastChunk`` (:meth:`end_text`)."""
+        if self.held is not None:
+            self._publish_chunk(self.held, last=False)
+        self.held = chunk
+
+    def end_text(self) -> None:
+        """The turn ended: its last chunk goes out marked ``lastChunk`` (an empty one when
+        the text ended before a tool call)."""
+        if self.held is not None:
+            self._publish_chunk(self.held, last=True)
+        elif self.text:
+            self._publish_chunk("", last=True)
+
+    def reply(self) -> str:
+        return "".join(self.text) + (self.held or "")
+
+    def _publish_chunk(self, chunk: str, *, last: bool) -> None:
+        self.held = None
+        value = (self.task.id, self.task.context_id, chunk, bool(self.text), last)
+        self.updates.append(Update("artifact_update", value))
+        self.text.append(chunk)
         self._wake()
 
     def finish(self) -> None:
@@ -112,9 +145,12 @@ class TaskRun:
                 waiter.set_result(None)
 
     def snapshot(self) -> tuple[pb.Task, int]:
-        """A copy of the task now and the index of the first update after it."""
+        """A copy of the task now, with the reply so far as its artifact (what the updates up
+        to here streamed), and the index of the first update after it."""
         copy = pb.Task()
         copy.CopyFrom(self.task)
+        if self.text and not copy.artifacts:
+            copy.artifacts.append(_reply_artifact("".join(self.text)))
         return copy, len(self.updates)
 
     async def follow(self, start: int) -> AsyncIterator[list[Update]]:
@@ -184,7 +220,7 @@ class A2AService:
             raise errors.InvalidParamsError(message="message is required")
         if not message.message_id:
             raise errors.InvalidParamsError(message="message.messageId is required")
-        if message.role == pb.ROLE_AGENT:
+        if message.role != pb.ROLE_USER:  # missing, ROLE_UNSPECIFIED or ROLE_AGENT
             raise errors.InvalidParamsError(message="message.role must be ROLE_USER")
         if not message.parts:
             raise errors.InvalidParamsError(message="message.parts must not be empty")
@@ -377,7 +413,6 @@ class A2AService:
 
     async def _follow(self, run: TaskRun, after: int) -> None:
         task, conv = run.task, run.conv
-        text: list[str] = []
         error: str | None = None
         interrupted = ended = lost = False
         try:
@@ -396,18 +431,12 @@ class A2AService:
                         await self.store.save_state(task)  # ListTasks filters on it
                 if isinstance(event, AppendText):
                     if not event.reasoning:
-                        run.publish(
-                            Update(
-                                "artifact_update",
-                                (task.id, task.context_id, event.text, bool(text)),
-                            )
-                        )
-                        text.append(event.text)
+                        run.add_text(event.text)
                 elif isinstance(event, ToolCall):
-                    progress = _now_status(S.TASK_STATE_WORKING, f"calling {event.name}", task)
+                    progress = _now_status(S.TASK_STATE_WORKING, f"calling {event.tool_name}", task)
                     progress.message.metadata["toolCall"] = {
                         "callId": event.call_id,
-                        "name": event.name,
+                        "name": event.tool_name,
                         "arguments": event.args_json,
                     }
                     if not run.cancel_requested:
@@ -419,6 +448,7 @@ class A2AService:
                     interrupted = True
                 elif isinstance(event, End):
                     ended = run.turn_over = True
+                    run.end_text()
             end = None if ended and not lost else await self.store.turn_end(run.turn_id)
             if end is not None:
                 self._settle_from_record(task, *end, cancel=run.cancel_requested)
@@ -427,17 +457,17 @@ class A2AService:
                 # where recover() follows it again
                 return
             elif error is not None:
-                self._settle(task, S.TASK_STATE_FAILED, "".join(text), error)
+                self._settle(task, S.TASK_STATE_FAILED, run.reply(), error)
             elif interrupted or run.cancel_requested:
-                self._settle(task, S.TASK_STATE_CANCELED, "".join(text))
+                self._settle(task, S.TASK_STATE_CANCELED, run.reply())
             else:
-                self._settle(task, S.TASK_STATE_COMPLETED, "".join(text))
+                self._settle(task, S.TASK_STATE_COMPLETED, run.reply())
             await self.store.save(task)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("a2a: following the turn of task %s failed", task.id)
-            self._settle(task, S.TASK_STATE_FAILED, "".join(text), "internal error")
+            self._settle(task, S.TASK_STATE_FAILED, run.reply(), "internal error")
             with contextlib.suppress(Exception):
                 await self.store.save(task)
         finally:
@@ -467,8 +497,6 @@ class A2AService:
         its status message."""
         if text:
             del task.artifacts[:]
-            task.artifacts.append(
-                pb.Artifact(artifact_id=REPLY, name=REPLY, parts=[pb.Part(text=text)])
-            )
+            task.artifacts.append(_reply_artifact(text))
             task.history.append(agent_message(task, text))
         task.status.CopyFrom(_now_status(state, error, task))
