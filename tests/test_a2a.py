@@ -494,6 +494,43 @@ async def test_image_parts_only_for_a_model_that_takes_images(aiohttp_client, tm
     assert answer["error"]["code"] == -32005 and "application/pdf" in answer["error"]["message"]
 
 
+async def test_numbers_no_json_reader_takes_back_are_refused_before_the_turn(
+    aiohttp_client, tmp_path
+):
+    """``1e999`` reads as infinity: stored, the task could not be served back (it failed after
+    its turn ran). Refused at the door with the parse error, nothing stored, no turn run."""
+    llm = ScriptedLLM()
+    client = await aiohttp_client(a2a_app(tmp_path, llm=llm))
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {"message": {**text_message("x"), "metadata": {"n": 1.5}}},
+    }
+    for bad in ("1e999", "-1e999", "NaN", "Infinity"):
+        raw = json.dumps(body).replace("1.5", bad).encode()
+        r = await client.post(
+            "/a2a/", data=raw, headers={"Content-Type": "application/json", "A2A-Version": "1.0"}
+        )
+        answer = await r.json()
+        assert answer["error"]["code"] == -32700, (bad, answer)
+    assert llm.received == []
+    with sqlite3.connect(tmp_path / "a2a.db") as db:
+        assert db.execute("SELECT count(*) FROM message").fetchone()[0] == 0
+
+
+async def test_image_urls_other_than_http_and_data_are_refused(aiohttp_client, tmp_path):
+    llm = ScriptedLLM()
+    llm.capabilities = {"image_input": True}
+    client = await aiohttp_client(a2a_app(tmp_path, llm=llm))
+    for url in ("file:///etc/passwd", "javascript:alert(1)", "ftp://x/y.png"):
+        part = {"url": url, "mediaType": "image/png"}
+        params = {"message": {**text_message(url), "parts": [part]}}
+        answer = await rpc(client, "SendMessage", params)
+        assert answer["error"]["code"] == -32602 and "http" in answer["error"]["message"], answer
+    assert llm.received == []
+
+
 def test_a2a_sdk_is_loaded_at_the_first_call_not_at_start(tmp_path):
     """Start-up stays fast: the card and the server need no a2a-sdk; the first JSON-RPC call
     loads it."""

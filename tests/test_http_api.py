@@ -105,11 +105,28 @@ BAD_BODIES = [
     (b'{"content": [{"type": "text", "body": "x"}], "context": "x"}', "context must be an object"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "AAAA"}]', "image"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "%%%"}]', "base64"),
+    (b'[{"type": "image", "mimeType": "image/png", "url": "file:///etc/passwd"}]', "http(s)"),
+    (b'[{"type": "image", "mimeType": "image/png", "url": "javascript:alert(1)"}]', "http(s)"),
     ('[{"type": "image", "mimeType": "image/png", "data": "é"}]'.encode(), "base64"),
     (b'[{"type": "text", "body": "\\ud800"}]', "lone surrogate"),
     (
         b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": NaN}}}',
         "NaN is not valid JSON",
+    ),
+    # read as infinity by Python and served back as Infinity, which browsers cannot parse
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": 1e999}}}',
+        "numbers must be finite",
+    ),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": -1E999}}}',
+        "numbers must be finite",
+    ),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": 1'
+        + b"0" * 400
+        + b"}}}",
+        "numbers must be finite",
     ),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     (b'[{"type": "text", "body": "x", "extra": 1}]', "unknown fields: extra"),

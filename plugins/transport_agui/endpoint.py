@@ -35,6 +35,7 @@ from agentik.core.types import (
     MessageContext,
     TextPart,
     content_from_json,
+    parse_json,
 )
 from agentik_transport_agui.translate import META, RunTranslator, client_id, history_messages
 
@@ -126,8 +127,9 @@ def _parts(message: UserMessage) -> list[ContentPart]:
 
 
 def parse(raw: bytes) -> RunAgentInput:
+    data = parse_json(raw)  # as every transport: no NaN, 1e999 or lone surrogate gets stored
     try:
-        return RunAgentInput.model_validate_json(raw)
+        return RunAgentInput.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])

@@ -18,6 +18,7 @@ from agentik.core.types import (
     MessageContext,
     UnknownReference,
     content_from_json,
+    parse_json,
 )
 from agentik_transport_http.sse import StreamHub, resume_point
 
@@ -64,21 +65,7 @@ async def read_json(request: web.Request, *, empty: Any = REQUIRED) -> Any:
         if empty is not REQUIRED:
             return empty
         raise InvalidInput("the request needs a JSON body")
-    try:
-        data = json.loads(body, parse_constant=_reject_constant)
-        # lone surrogates ("\ud800") are valid JSON escapes but not text SQLite can store
-        json.dumps(data, ensure_ascii=False).encode()
-    except RecursionError:
-        raise InvalidInput("the JSON body is nested too deeply") from None
-    except UnicodeEncodeError:
-        raise InvalidInput("the JSON body contains invalid Unicode (a lone surrogate)") from None
-    except ValueError as e:
-        raise InvalidInput(f"malformed JSON: {e}") from None
-    return data
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    return parse_json(body)
 
 
 def page_params(request: web.Request) -> tuple[int, int]:
