@@ -183,7 +183,8 @@ async def test_agent_card_without_a_key(aiohttp_client, tmp_path):
         "pushNotifications": False,
     }
     assert "securitySchemes" not in card and card["skills"][0]["id"] == "chat"
-    assert r.headers["Cache-Control"].startswith("public, max-age=")
+    # it names the Host the client used: that client's own, not for shared caches
+    assert r.headers["Cache-Control"].startswith("private, max-age=")
     again = await client.get(
         "/.well-known/agent-card.json", headers={"If-None-Match": r.headers["ETag"]}
     )
@@ -194,8 +195,9 @@ async def test_agent_card_with_a_key_is_public_and_declares_bearer(aiohttp_clien
     client = await aiohttp_client(
         a2a_app(tmp_path, AGENTIK_API_KEY=KEY, AGENTIK_PUBLIC_URL="https://agent.example.com/")
     )
-    r = await client.get("/a2a/.well-known/agent-card.json")
+    r = await client.get("/a2a/.well-known/agent-card.json", headers={"Host": "evil.example"})
     assert r.status == 200
+    assert r.headers["Cache-Control"].startswith("public, max-age=")  # the same for everyone
     card = await r.json()
     assert card["url"] == "https://agent.example.com/a2a/"
     assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
@@ -205,6 +207,24 @@ async def test_agent_card_with_a_key_is_public_and_declares_bearer(aiohttp_clien
     assert r.status == 401
     answer = await rpc(client, "GetTask", {"id": "t"}, headers={"Authorization": f"Bearer {KEY}"})
     assert answer["error"]["code"] == -32001
+
+
+async def test_a_card_derived_from_the_request_names_only_allowed_hosts(aiohttp_client, tmp_path):
+    """With a key any Host reaches the server; without AGENTIK_PUBLIC_URL the card would echo
+    whatever Host a client sends. It names loopback names, IP addresses and
+    AGENTIK_ALLOWED_HOSTS, and is private to the client that asked."""
+    client = await aiohttp_client(a2a_app(tmp_path, AGENTIK_API_KEY=KEY))
+    r = await client.get("/.well-known/agent-card.json", headers={"Host": "evil.example"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
+    assert "AGENTIK_PUBLIC_URL" in (await r.json())["error"]["message"]
+    r = await client.get("/.well-known/agent-card.json", headers={"Host": "10.1.2.3:8080"})
+    assert r.status == 200 and (await r.json())["url"] == "http://10.1.2.3:8080/a2a/"
+    assert r.headers["Cache-Control"].startswith("private")
+    listed = await aiohttp_client(
+        a2a_app(tmp_path, AGENTIK_API_KEY=KEY, AGENTIK_ALLOWED_HOSTS="agent.lan")
+    )
+    r = await listed.get("/.well-known/agent-card.json", headers={"Host": "agent.lan"})
+    assert r.status == 200 and (await r.json())["url"] == "http://agent.lan/a2a/"
 
 
 async def test_agent_card_lists_the_skills_catalogue(aiohttp_client, tmp_path):

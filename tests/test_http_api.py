@@ -441,8 +441,9 @@ async def test_an_idempotency_key_stores_and_runs_a_retried_send_once(client, db
     await finish_turn(client, cid)
     items = (await (await client.get(url)).json())["items"]
     assert [m["type"] for m in items] == ["user", "assistant"]  # one message, one turn
-    r = await client.post(url, json=TEXT, headers={"Idempotency-Key": "x" * 256})
-    assert r.status == 400 and "Idempotency-Key" in (await r.json())["error"]["message"]
+    for bad in ("x" * 256, "café", "tab\there"):  # the OpenAPI pattern: printable ASCII
+        r = await client.post(url, json=TEXT, headers={"Idempotency-Key": bad})
+        assert r.status == 400 and "Idempotency-Key" in (await r.json())["error"]["message"], bad
 
 
 async def test_shutdown_sends_interrupted_and_end_before_closing_streams(db_path):

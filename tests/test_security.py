@@ -121,6 +121,14 @@ async def test_sse_takes_the_key_as_a_query_parameter_and_nothing_else_does(
     assert r.status == 401  # only an EventSource needs it in the URL
     r = await client.get(f"/agentik/conversations/{cid}?access_token={KEY}")
     assert r.status == 401
+    # asking for an event stream does not make a route an event stream
+    sse = {"Accept": "text/event-stream"}
+    for path in (f"/agentik/conversations/{cid}", f"/agentik/conversations/{cid}/messages"):
+        r = await client.get(f"{path}?access_token={KEY}", headers=sse)
+        assert r.status == 401, path
+    r = await client.get(f"/agentik/events?access_token={KEY}", headers=sse)
+    assert r.status == 200
+    r.close()
 
 
 async def test_without_a_key_only_loopback_host_names_are_served(aiohttp_client, tmp_path):
@@ -130,6 +138,10 @@ async def test_without_a_key_only_loopback_host_names_are_served(aiohttp_client,
     for host in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example"):
         r = await client.post("/agentik/conversations", headers={"Host": host})
         assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
+    # not a host at all, whatever it starts with
+    for host in ("127.0.0.1:80@evil.com", "localhost:80/x", "127.0.0.1:8o", "a b", "[::1"):
+        r = await client.post("/agentik/conversations", headers={"Host": host})
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_host", host
     with sqlite3.connect(tmp_path / "c.db") as raw:
         assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
     client2 = await aiohttp_client(make_app(env={"AGENTIK_ALLOWED_HOSTS": "agent.lan"}))
@@ -153,6 +165,30 @@ async def test_cross_site_requests_are_refused(aiohttp_client, tmp_path):
     # the same origin (a page the server itself serves) is not cross-site
     own = f"http://127.0.0.1:{client.port}"
     assert (await client.post("/agentik/conversations", headers={"Origin": own})).status == 201
+
+
+async def test_a_body_in_an_unknown_content_encoding_gets_a_415(aiohttp_client, tmp_path):
+    """Read as it is, an encoded body would be parsed as something it is not."""
+    import gzip
+
+    client = await aiohttp_client(make_app(env={"AGENTIK_DB_PATH": str(tmp_path / "e.db")}))
+    json_body = {"Content-Type": "application/json"}
+    for encoding in ("compress", "x-rot13", "gzip, gzip", "br-x"):
+        r = await client.post(
+            "/agentik/conversations",
+            data=b'{"title": "x"}',
+            headers={**json_body, "Content-Encoding": encoding},
+        )
+        assert r.status == 415, encoding
+        assert (await r.json())["error"]["code"] == "unsupported_content_encoding"
+    with sqlite3.connect(tmp_path / "e.db") as raw:
+        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    r = await client.post(
+        "/agentik/conversations",
+        data=gzip.compress(b'{"title": "zipped"}'),
+        headers={**json_body, "Content-Encoding": "gzip"},
+    )
+    assert r.status == 201 and (await r.json())["title"] == "zipped"
 
 
 async def test_cors_allows_only_the_named_origins(aiohttp_client):

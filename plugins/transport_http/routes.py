@@ -12,6 +12,7 @@ from aiohttp import web
 
 from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
 from agentik.core.app import AGENT, error_response
+from agentik.core.security import event_stream
 from agentik.core.types import (
     ConversationInfo,
     InvalidInput,
@@ -29,6 +30,8 @@ DEFAULT_LIMIT = 50
 MAX_TITLE = 1000
 MAX_KEY = 255
 INTEGER = re.compile(r"-?[0-9]{1,18}")  # longer is out of any range (and slow to parse)
+#: printable ASCII without spaces at either end (HTTP strips those from a header's value)
+KEY = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 REQUIRED = object()
 
@@ -184,8 +187,8 @@ def idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
-        raise InvalidInput(f"Idempotency-Key must be 1 to {MAX_KEY} printable characters")
+    if len(key) > MAX_KEY or not KEY.fullmatch(key):
+        raise InvalidInput(f"Idempotency-Key must be 1 to {MAX_KEY} printable ASCII characters")
     return key
 
 
@@ -224,6 +227,7 @@ async def list_messages(request: web.Request) -> web.Response:
 
 
 @routes.get("/conversations/{id}/events")
+@event_stream
 async def conversation_events(request: web.Request) -> web.StreamResponse:
     conv = await conversation_or_404(request)
     after = resume_point(request)
@@ -234,6 +238,7 @@ async def conversation_events(request: web.Request) -> web.StreamResponse:
 
 
 @routes.get("/events")
+@event_stream
 async def agent_events(request: web.Request) -> web.StreamResponse:
     after = resume_point(request)
     agent: ChatAgent = request.app[AGENT]
