@@ -26,6 +26,7 @@ import json
 import os
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -52,12 +53,14 @@ __all__ = [
     "RemoteAgent",
     "RemoteConversation",
     "RemoteEventStream",
+    "SentMessage",
     "Unauthorized",
 ]
 
 DEFAULT_URL = "http://localhost:8080"
 API = "/agentik"
-RETRYABLE_STATUS = frozenset({502, 503, 504})  # a 5xx means "not done": safe to do again
+#: "not done": safe to do again (429: this client is over its connection limits for now)
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 
 
@@ -137,6 +140,19 @@ class _Retries:
             ) from failure
         await asyncio.sleep(self.delay)
         self.delay = min(self.delay * 2, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SentMessage(Message):
+    """What :meth:`RemoteConversation.send` returns: the stored user message, and where its
+    turn stood when the server answered: ``queued``, ``running``, ``done``, ``interrupted``,
+    ``failed`` or ``cancelled``, with ``error`` the code of a failed or cancelled one. A send
+    whose first answer was lost and that was retried (same idempotency key) may find its turn
+    over already; ``failed`` with ``error == "restart"`` means a crash cut it: nothing will
+    answer it, send the message again with a new key."""
+
+    turn: str = "queued"
+    error: str | None = None
 
 
 def _info(data: dict[str, Any]) -> ConversationInfo:
@@ -319,10 +335,11 @@ class RemoteConversation:
         context: MessageContext | None = None,
         *,
         idempotency_key: str | None = None,
-    ) -> Message:
-        """Record the user message and queue its turn (202); returns the stored record. Sent
-        with an ``Idempotency-Key`` (a new one unless given) and retried with it after a broken
-        connection: the server stores the message once however often it arrives."""
+    ) -> SentMessage:
+        """Record the user message and queue its turn (202); returns the stored record with
+        its turn's state (:class:`SentMessage`). Sent with an ``Idempotency-Key`` (a new one
+        unless given) and retried with it after a broken connection: the server stores the
+        message once however often it arrives."""
         body: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             body["context"] = context.to_json()
@@ -334,7 +351,9 @@ class RemoteConversation:
             headers={"Idempotency-Key": key},
             retry=True,
         )
-        return message_from_json(data)
+        turn, error = data.pop("turn", "queued"), data.pop("error", None)
+        m = message_from_json(data)
+        return SentMessage(m.id, m.conversation_id, m.kind, m.created_at, m.payload, turn, error)
 
     def events(self, after: int | None = None) -> RemoteEventStream:
         """Turn events after the event id ``after``; None: from this call on (a send made after

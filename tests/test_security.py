@@ -39,8 +39,13 @@ TRANSPORTS = (
     "agentik_transport_agui",
     "agentik_debug",
 )
-#: routes anyone may read: the health check and the A2A agent card (it declares the scheme)
-PUBLIC = ("/health", "/.well-known/agent-card.json", "/a2a/.well-known/agent-card.json")
+#: routes anyone may read: the health checks and the A2A agent card (it declares the scheme)
+PUBLIC = (
+    "/health",
+    "/health/ready",
+    "/.well-known/agent-card.json",
+    "/a2a/.well-known/agent-card.json",
+)
 
 
 def keyed_app(db_path, **env):

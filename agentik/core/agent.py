@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every running turn
+#: seconds between tries to record the ends of turns the database refused (a full disk)
+RECORD_RETRY = 1.0
 
 
 class ChatAgent:
@@ -86,8 +88,9 @@ class ChatAgent:
         self._events = EventLog(event_buffer)
         self.resume_queued = resume_queued
         self._opened = self._closed = False
-        #: turns whose end could not be recorded: such a stop is not clean (see :meth:`close`)
-        self.unrecorded_ends = 0
+        #: the Error records of turns whose end the database refused, with their store, oldest
+        #: first: written once it takes writes again; while any is left a stop is not clean
+        self._unrecorded: list[tuple[Store, Message]] = []
         #: acknowledged messages whose turns never started before the last stop, by conversation
         self._unstarted: dict[str, list[Message]] = {}
 
@@ -152,6 +155,45 @@ class ChatAgent:
             conv._events.close()
         self._events.close()
 
+    @property
+    def unrecorded_ends(self) -> int:
+        """Turns whose end the database refused and that are not recorded yet."""
+        return len(self._unrecorded)
+
+    def record_end_later(self, store: Store, record: Message) -> None:
+        """Write a turn's Error ``record`` (``userMessageId``: the turn) as soon as ``store``
+        takes writes again: the turn the disk filled under ends in the history once the disk is
+        back, not only at the next start."""
+        self._unrecorded.append((store, record))
+        if len(self._unrecorded) == 1:
+            self.jobs.spawn("recording the ends of turns", self._record_ends())
+
+    def unrecorded_state(self, turn_id: str) -> tuple[str, str] | None:
+        """``("failed", "storage")`` while the end of the turn ``turn_id`` waits to be
+        recorded (:meth:`ChatConversation.turn_state`), else None."""
+        if any(r.payload["userMessageId"] == turn_id for _, r in self._unrecorded):
+            return "failed", "storage"
+        return None
+
+    async def _record_ends(self, retry: float = RECORD_RETRY) -> None:
+        while self._unrecorded:
+            await asyncio.sleep(retry)
+            if await self._try_record_ends():
+                log.info("recorded the ends of turns the database had refused")
+
+    async def _try_record_ends(self) -> bool:
+        """Write the waiting Error records, in order; False at the first that fails."""
+        while self._unrecorded:
+            store, record = self._unrecorded[0]
+            cid, turn_id = record.conversation_id, record.payload["userMessageId"]
+            try:
+                if await store.get_conversation(cid) is not None:  # else deleted meanwhile
+                    await store.fail_turn(cid, turn_id, record)
+            except Exception:
+                return False
+            self._unrecorded.pop(0)
+        return True
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -164,6 +206,7 @@ class ChatAgent:
             await conv.close()
         self._events.close()
         await self.jobs.close()
+        await self._try_record_ends()
         if not self.unrecorded_ends:
             # every turn that ran has recorded its end: the next start runs what is left
             await self.store.write_state(CLEAN_STOP, utcnow().isoformat())

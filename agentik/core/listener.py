@@ -46,7 +46,9 @@ class TroubleLog:
         self.totals: dict[str, int] = {}  # since start (tests, /debug)
         self._flush: dict[str, asyncio.TimerHandle] = {}
 
-    def count(self, kind: str, detail: str = "") -> None:
+    def count(self, kind: str, detail: str = "", exc_info: BaseException | None = None) -> None:
+        """One more event of ``kind``; the first of an interval is logged with ``detail`` (and
+        the traceback of ``exc_info``), the rest are counted."""
         self.totals[kind] = self.totals.get(kind, 0) + 1
         if kind in self._flush:  # a line was written this interval: count it for the next
             self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -56,6 +58,7 @@ class TroubleLog:
             KINDS.get(kind, kind),
             f": {detail}" if detail else "",
             self.interval,
+            exc_info=exc_info,
         )
         self._schedule(kind)
 

@@ -187,13 +187,12 @@ def middleware(settings: Settings) -> Callable[..., Any]:
                 f"requests from {origin} are not allowed (AGENTIK_CORS_ORIGINS)",
             )
         route = request.match_info.handler
-        if request.body_exists and request.headers.get("Content-Encoding", "").lower() not in (
-            ENCODINGS
-        ):
+        encoding = request.headers.get("Content-Encoding")
+        if encoding is not None and request.body_exists and encoding.lower() not in ENCODINGS:
             return _refuse(
                 415,
                 "unsupported_content_encoding",
-                f"the body's Content-Encoding must be one of: {', '.join(sorted(ENCODINGS - {''}))}",
+                f"the body's Content-Encoding must be one of: {', '.join(sorted(ENCODINGS))}",
             )
         if (
             request.method not in SAFE_METHODS

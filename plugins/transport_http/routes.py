@@ -26,6 +26,9 @@ from agentik_transport_http.sse import StreamHub, resume_point
 HUB = web.AppKey("agentik.http.streams", StreamHub)
 OPENAPI = web.AppKey("agentik.http.openapi", dict[str, str])
 MAX_LIMIT = 200
+#: a history page ends early (with ``nextAfter``) once its messages' JSON reaches this size
+PAGE_BYTES = 4 * 2**20
+WRITE_CHUNK = 64 * 1024  # bytes of a page encoded before they are written
 DEFAULT_LIMIT = 50
 MAX_TITLE = 1000
 MAX_KEY = 255
@@ -201,7 +204,13 @@ async def send_message(request: web.Request) -> web.Response:
         msg = await conv.send(content, context, idempotency_key=key)
     except ConversationClosed:
         raise web.HTTPNotFound(text=f"no conversation {conv.id!r}") from None
-    return web.json_response(msg.to_json(), status=202)
+    # a retried send learns whether anything will still answer its message (a crash may have
+    # cut its turn: "failed" with error "restart")
+    state, error = await conv.turn_state(msg.id)
+    body = {**msg.to_json(), "turn": state}
+    if error is not None:
+        body["error"] = error
+    return web.json_response(body, status=202)
 
 
 @routes.post("/conversations/{id}/interrupt")
@@ -211,19 +220,48 @@ async def interrupt(request: web.Request) -> web.Response:
 
 
 @routes.get("/conversations/{id}/messages")
-async def list_messages(request: web.Request) -> web.Response:
+async def list_messages(request: web.Request) -> web.StreamResponse:
     conv = await conversation_or_404(request)
     offset, limit = page_params(request)
     after = request.query.get("after") or None
-    msgs = await conv.get_messages(after, offset, limit + 1)
-    return web.json_response(
-        {
-            "items": [m.to_json() for m in msgs[:limit]],
-            "offset": offset,
-            "limit": limit,
-            "hasMore": len(msgs) > limit,
-        }
-    )
+    msgs = await conv.get_messages(after, offset, limit + 1, max_bytes=PAGE_BYTES)
+    items = msgs[:limit]
+    if len(msgs) > limit:
+        more = True
+    elif items:  # the end, or the byte budget cut the page: one more message tells which
+        more = bool(await conv.get_messages(items[-1].id, 0, 1, max_bytes=0))
+    else:
+        more = False
+    tail = {
+        "offset": offset,
+        "limit": limit,
+        "hasMore": more,
+        "nextAfter": items[-1].id if more else None,
+    }
+    return await stream_json_page(request, [m.to_json() for m in items], tail)
+
+
+async def stream_json_page(
+    request: web.Request, items: list[dict[str, Any]], tail: dict[str, Any]
+) -> web.StreamResponse:
+    """``{"items": [...], **tail}``, encoded and written a chunk at a time: a page of big
+    messages neither stalls the event loop for its whole encoding nor needs a second copy of
+    itself in memory (a client that stops reading is dropped by the server's write timeout)."""
+    resp = web.StreamResponse()
+    resp.content_type, resp.charset = "application/json", "utf-8"
+    await resp.prepare(request)
+    chunk = bytearray(b'{"items":[')
+    for i, item in enumerate(items):
+        if i:
+            chunk += b","
+        chunk += json.dumps(item, ensure_ascii=False).encode("utf-8", "replace")
+        if len(chunk) >= WRITE_CHUNK:
+            await resp.write(bytes(chunk))
+            chunk.clear()
+    chunk += b"]," + json.dumps(tail).encode()[1:]
+    await resp.write(bytes(chunk))
+    await resp.write_eof()
+    return resp
 
 
 @routes.get("/conversations/{id}/events")
