@@ -88,6 +88,8 @@ class ChatAgent:
         self._events = EventLog(event_buffer)
         self.resume_queued = resume_queued
         self._opened = self._closed = False
+        #: the server stops: no turn starts any more (messages sent now wait for the next start)
+        self.stopping = False
         #: the Error records of turns whose end the database refused, with their store, oldest
         #: first: written once it takes writes again; while any is left a stop is not clean
         self._unrecorded: list[tuple[Store, Message]] = []
@@ -143,11 +145,26 @@ class ChatAgent:
         return count
 
     async def stop_turns(self) -> None:
-        """Shutdown: interrupt the running turns and wait until each has recorded its end, so
-        its listeners get Interrupted and End before their streams close. Queued messages stay
-        in the database and run after the next start (unless ``resume_queued`` is off)."""
+        """Shutdown: start no more turns, interrupt the running ones and wait until each has
+        recorded its end, so its listeners get Interrupted and End before their streams close;
+        then record that the stop is clean. Queued messages, and those sent from now on, stay
+        in the database and run after the next start (unless ``resume_queued`` is off): a stop
+        never closes them, even if the process is killed before it exits."""
+        self.stopping = True
         busy = [conv for conv in self._live.values() if conv.busy]
-        await asyncio.gather(*(conv.close() for conv in busy))
+        for conv in busy:
+            conv.interrupt()
+        await asyncio.gather(*(conv.wait_idle() for conv in busy))
+        await self._mark_clean_stop()
+
+    async def _mark_clean_stop(self) -> None:
+        """No turn runs and every end is recorded: the next start runs every unfinished turn."""
+        if self.unrecorded_ends:
+            return
+        try:
+            await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
+        except Exception as e:  # the next start treats the stop as a crash
+            log.warning("could not record the clean stop: %s", e)
 
     def end_streams(self) -> None:
         """End every live event stream (shutdown): SSE handlers return, clients disconnect."""
@@ -207,9 +224,8 @@ class ChatAgent:
         self._events.close()
         await self.jobs.close()
         await self._try_record_ends()
-        if not self.unrecorded_ends:
-            # every turn that ran has recorded its end: the next start runs what is left
-            await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
+        # every turn that ran has recorded its end: the next start runs what is left
+        await self._mark_clean_stop()
         await self.store.close()
 
     # --- the protocol -------------------------------------------------------------------------

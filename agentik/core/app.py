@@ -25,6 +25,7 @@ from agentik.core.db import Database
 from agentik.core.embedding import EmbeddingBackend
 from agentik.core.health import Readiness
 from agentik.core.health import add_routes as add_health_routes
+from agentik.core.limits import ClientLimits
 from agentik.core.listener import TroubleLog
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend, memory_off
@@ -42,6 +43,8 @@ SETTINGS = web.AppKey("agentik.settings", Settings)
 PLUGINS = web.AppKey("agentik.plugins", Plugins)
 #: counts client trouble (refused connections, malformed requests, slow bodies) for the log
 TROUBLE = web.AppKey("agentik.trouble", TroubleLog)
+#: per-client connection limits (the listener's, and its middleware's behind a trusted proxy)
+LIMITS = web.AppKey("agentik.limits", ClientLimits)
 #: what /health/ready answers (the stop sets ``stopping``; storage errors are reported to it)
 READINESS = web.AppKey("agentik.readiness", Readiness)
 MAX_BODY = 1024 * 1024
@@ -357,8 +360,14 @@ def create_app(
     agent = build_agent(plugins, settings, llm)
     trouble = TroubleLog()
     readiness = Readiness(agent)
+    limits = ClientLimits(
+        settings["AGENTIK_MAX_CLIENT_CONNECTIONS"],
+        settings["AGENTIK_CLIENT_CONNECTION_RATE"],
+        settings["AGENTIK_TRUSTED_PROXIES"],
+    )
     app = web.Application(
         middlewares=[
+            limits.middleware(functools.partial(_over_limit, trouble)),
             security.middleware(settings),
             json_errors(trouble, readiness),
             body_in_time(settings["AGENTIK_BODY_TIMEOUT"], trouble),
@@ -371,6 +380,7 @@ def create_app(
     app[PLUGINS] = plugins
     app[TROUBLE] = trouble
     app[READINESS] = readiness
+    app[LIMITS] = limits
     add_health_routes(app, agent, readiness)
     call_startup(
         plugins.hook.register_transports,
@@ -380,6 +390,14 @@ def create_app(
     app.on_shutdown.append(_end_streams)
     app.on_cleanup.append(_stop_counting)
     return app
+
+
+def _over_limit(trouble: TroubleLog, reason: str) -> web.Response:
+    """The answer to a request over its forwarded client's limits (behind a trusted proxy)."""
+    trouble.count("client_limit", reason)
+    return error_response(
+        429, "too_many_client_connections", f"{reason}; retry later", {"Retry-After": "1"}
+    )
 
 
 async def _stop_counting(app: web.Application) -> None:

@@ -250,6 +250,8 @@ class ChatConversation:
     def requeue(self, messages: Sequence[Message]) -> None:
         """Queue the turns of stored user messages (after a restart: those never started)."""
         self._queue.extend(messages)
+        if self.agent.stopping:  # stored, and run after the next start
+            return
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
 
@@ -433,7 +435,7 @@ class ChatConversation:
     # --- the turn engine --------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        while self._queue and not self._closed:
+        while self._queue and not self._closed and not self.agent.stopping:
             msg = self._queue.popleft()
             self._interrupting = self._finishing = False
             self._running = msg.id
