@@ -369,3 +369,21 @@ async def test_a_second_signal_after_the_event_loop_closed_still_exits_130(serve
     await asyncio.sleep(0.3)
     proc.proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(proc.proc.wait, 10) == 130, proc.output
+
+
+async def test_other_signals_are_not_counted_as_a_second_stop(serve, fake_openai_proc):
+    """A plugin (or a profiler) may handle signals of its own: those never count as the
+    second SIGTERM that forces an exit."""
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        "from agentik.core.cli import main\n"
+        "sys.exit(main(['serve']))\n"
+    )
+    proc, base = serve(openai_env(fake_openai_proc), command=[sys.executable, "-c", script])
+    for _ in range(3):
+        proc.proc.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200
+    assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0, proc.output

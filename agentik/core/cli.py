@@ -298,8 +298,8 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, budge
     signal.set_wakeup_fd(wake[1].fileno(), warn_on_full_buffer=False)
     caught: list[int] = []  # one byte each signal caught (Python runs one handler for two)
 
-    def count() -> None:
-        caught.extend(wake[0].recv(512))
+    def count() -> None:  # other signals with a Python handler write here too
+        caught.extend(n for n in wake[0].recv(512) if n in (signal.SIGINT, signal.SIGTERM))
         if len(caught) > 1:
             forced_exit()
 

@@ -17,10 +17,13 @@ request from a trusted proxy without ``X-Forwarded-For`` (a local client) is not
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from agentik.core.security import answered
+from agentik.core.streaming import LateStream
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -123,16 +126,30 @@ class ClientLimits:
         answers one over its limit)."""
 
         @web.middleware
-        async def per_forwarded_client(request: web.Request, handler: Any) -> web.StreamResponse:
+        def per_forwarded_client(
+            request: web.Request, handler: Any
+        ) -> Awaitable[web.StreamResponse]:
             client = self.forwarded_client(request)
-            if client is None:
-                return await handler(request)  # type: ignore[no-any-return]
+            if client is None:  # passed on, not awaited (security.answered says why)
+                return handler(request)  # type: ignore[no-any-return]
             reason = self.admit(client, 0.0, rate=False)
             if reason is not None:
-                return refuse(reason)
-            try:
-                return await handler(request)  # type: ignore[no-any-return]
-            finally:
-                self.release(client)
+                return answered(refuse(reason))
+            return self._counted(client, handler(request))
 
         return per_forwarded_client
+
+    async def _counted(
+        self, client: str, answer: Awaitable[web.StreamResponse]
+    ) -> web.StreamResponse:
+        """Counted until the answer is written: for a stream, until it ends."""
+        try:
+            response = await answer
+        except BaseException:
+            self.release(client)
+            raise
+        if isinstance(response, LateStream):
+            response.when_done(lambda: self.release(client))
+        else:
+            self.release(client)
+        return response

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -131,6 +131,15 @@ def _origin_of(request: web.Request) -> str:
     return f"{request.scheme}://{request.host}"
 
 
+async def answered(response: web.StreamResponse) -> web.StreamResponse:
+    """A middleware's own answer, as the awaitable a passing-on middleware returns.
+
+    A middleware that passes a request on returns ``handler(request)`` itself instead of
+    awaiting it (a plain ``def``, not ``async def``): one that awaits stays in memory, frame and
+    coroutine, as long as the request runs, and an SSE stream runs for hours (B8)."""
+    return response
+
+
 def _refuse(status: int, code: str, message: str) -> web.Response:
     from agentik.core.app import error_response
 
@@ -159,15 +168,21 @@ def middleware(settings: Settings) -> Callable[..., Any]:
         return any([hmac.compare_digest(token, key) for key in keys])
 
     @web.middleware
-    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
-        name = host_name(request.host)
+    def guard(request: web.Request, handler: Any) -> Awaitable[web.StreamResponse]:
+        refused = refusal(request)
+        return handler(request) if refused is None else answered(refused)  # see passing_on
+
+    def refusal(request: web.Request) -> web.StreamResponse | None:
+        # the header, not request.host: that one is cached on the request, by every open stream
+        host = request.headers.get("Host") or request.host
+        name = host_name(host)
         if name is None:
-            return _refuse(400, "bad_host", f"Host {request.host[:100]!r} is not a host name")
+            return _refuse(400, "bad_host", f"Host {host[:100]!r} is not a host name")
         if allowed_hosts is not None and name not in allowed_hosts:
             return _refuse(
                 403,
                 "host_not_allowed",
-                f"Host {request.host!r} is not served here (set AGENTIK_ALLOWED_HOSTS)",
+                f"Host {host!r} is not served here (set AGENTIK_ALLOWED_HOSTS)",
             )
         origin = request.headers.get("Origin")
         cross = origin is not None and origin != _origin_of(request)
@@ -212,7 +227,7 @@ def middleware(settings: Settings) -> Callable[..., Any]:
             response = _refuse(401, "unauthorized", "a valid API key is required")
             response.headers["WWW-Authenticate"] = 'Bearer realm="agentik"'
             return response
-        return await handler(request)  # type: ignore[no-any-return]
+        return None
 
     return guard
 

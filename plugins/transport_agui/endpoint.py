@@ -45,13 +45,6 @@ MAX_ID = 200  # a message id longer than this is no client's id (it keys a durab
 CLOSED = "the server stopped before the run ended; its reply is in the thread's history"
 
 
-def add_route(app: web.Application, agent: ChatAgent, path: str) -> None:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await run(request, agent)
-
-    app.router.add_post(path, handler)
-
-
 class NewInput:
     """What a run brings that the agent has not seen: the trailing user messages."""
 
