@@ -127,7 +127,7 @@ async def bare_broadcast(s: Any, port: int, pid: int, k: int, pace: float = 0.0)
 
 async def main(args: Any) -> dict[str, Any]:
     reps = common.repeats(args, 5, 1)
-    n = 500 if args.quick else N
+    n = getattr(args, "n", None) or (500 if args.quick else N)
     fake = common.start_fake()
     rows: list[dict[str, Any]] = []
     raw: dict[str, Any] = {}
@@ -268,6 +268,11 @@ async def main(args: Any) -> dict[str, Any]:
 
 def add_args(p: Any) -> None:
     p.add_argument("--memory-only", action="store_true", help="part 1 only")
+    p.add_argument(
+        "--n",
+        type=int,
+        help=f"idle streams (default {N}; 10000 needs a hard ulimit -n past 10,100)",
+    )
 
 
 if __name__ == "__main__":

@@ -397,6 +397,19 @@ async def test_a_broken_gzip_body_gets_a_json_400_and_no_traceback(client, db_pa
     assert "Traceback" not in caplog.text and "Unhandled exception" not in caplog.text
 
 
+async def test_head_on_a_history_page_sends_headers_only(client):
+    """The page is written a chunk at a time; a HEAD gets its headers and no body (a body
+    after a HEAD's headers would be read by the client as the next response)."""
+    cid = await new_conv(client)
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    await finish_turn(client, cid)
+    r = await client.head(f"/agentik/conversations/{cid}/messages")
+    assert r.status == 200 and r.content_type == "application/json"
+    assert await r.read() == b""
+    r = await client.get(f"/agentik/conversations/{cid}/messages")  # the connection is sound
+    assert [m["type"] for m in (await r.json())["items"]] == ["user", "assistant"]
+
+
 async def test_head_on_an_sse_endpoint_sends_headers_only(client):
     cid = await new_conv(client)
     for path in (f"/agentik/conversations/{cid}/events", "/agentik/events"):

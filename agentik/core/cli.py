@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -212,6 +211,8 @@ def serve_command(host: str | None, port: int | None) -> int:
 
 
 async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
+    import socket
+
     from aiohttp import web
 
     from agentik.core.app import LIMITS, SETTINGS, TROUBLE, StartupError
@@ -288,6 +289,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, budge
     moment until the process is gone (plain ``signal`` handlers: asyncio's own are reset to
     the default, which kills with -15, when its loop closes); a stop still running
     ``budget`` seconds after the first signal exits with status 1."""
+    import socket
     import threading
 
     # the C-level handler writes here from whatever thread caught the signal: the loop wakes
@@ -306,7 +308,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, budge
     loop.add_reader(wake[0].fileno(), count)
     stopping: list[bool] = []
 
-    def on_signal(signum: int, frame: Any, wake: tuple[socket.socket, ...] = wake) -> None:
+    def on_signal(signum: int, frame: Any, wake: tuple[Any, ...] = wake) -> None:
         if stopping:  # a second Ctrl-C: the operator does not want to wait
             forced_exit()
         stopping.append(True)
@@ -360,7 +362,14 @@ async def _stop(
             await server.shutdown(grace_end - loop.time())  # requests in progress finish
     except TimeoutError:
         log.warning("requests still running at the stop's deadline: cut")
-    for transport in transports + [c.transport for c in server.connections if c.transport]:
+    transports += [c.transport for c in server.connections if c.transport is not None]
+
+    def flushing() -> bool:  # answers still on their way to clients that read them
+        return any(t.get_write_buffer_size() for t in transports)
+
+    while loop.time() < grace_end and flushing():  # noqa: ASYNC110 - nothing signals a drain
+        await asyncio.sleep(0.05)
+    for transport in transports:
         transport.abort()  # what is left: uploads, clients that do not read
     listener.close()
     await app.cleanup()  # the agent, its services, the LLM client, the database

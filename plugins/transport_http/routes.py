@@ -247,6 +247,8 @@ async def stream_json_page(
     """``{"items": [...], **tail}``, encoded and written a chunk at a time: a page of big
     messages neither stalls the event loop for its whole encoding nor needs a second copy of
     itself in memory (a client that stops reading is dropped by the server's write timeout)."""
+    if request.method == "HEAD":  # the headers a GET would get, and no body
+        return web.Response(content_type="application/json", charset="utf-8")
     resp = web.StreamResponse()
     resp.content_type, resp.charset = "application/json", "utf-8"
     await resp.prepare(request)
