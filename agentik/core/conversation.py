@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
+STORAGE_ERROR = "the turn's end could not be recorded: the database failed"
 #: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
 INTERRUPTED_MARK = "[interrupted by the user]"
 #: ``(order, name, render)``: ``render(agent)`` or ``render()`` gives the section's text
@@ -262,6 +263,8 @@ class ChatConversation:
     def requeue(self, messages: Sequence[Message]) -> None:
         """Queue the turns of stored user messages (after a restart: those never started)."""
         self._queue.extend(messages)
+        if self.agent.stopping:  # stored, and run after the next start
+            return
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain(), name=f"turns-{self.id}")
 
@@ -269,6 +272,28 @@ class ChatConversation:
         """Wait until every queued turn has run (for scripts, tests and benchmarks)."""
         while self._worker is not None and not self._worker.done():
             await asyncio.wait([self._worker])
+
+    async def turn_state(self, turn_id: str) -> tuple[str, str | None]:
+        """Where the turn of the user message ``turn_id`` stands: ``queued``, ``running``,
+        ``done``, ``interrupted``, ``failed`` or ``cancelled``, with the error code of a failed
+        or cancelled one (``restart``: a crash cut it). A client that resends a message learns
+        from it whether anything will still answer."""
+        if self._evicted:
+            return await (await self._current()).turn_state(turn_id)
+        state = self.agent.unrecorded_state(turn_id)  # its end waits for the database
+        if state is not None:
+            return state
+        if turn_id == self._running:
+            return "running", None
+        if any(m.id == turn_id for m in self._queue):
+            return "queued", None
+        end = await self._store.turn_end(turn_id)
+        if end is None:
+            return "queued", None
+        if end.kind == "assistant":
+            return ("interrupted" if end.payload.get("interrupted") else "done"), None
+        code = end.payload.get("code")
+        return ("cancelled" if code == "cancelled" else "failed"), code
 
     async def cancel_queued(self, message_id: str) -> bool:
         """Take a message whose turn has not started out of the queue and close it with a
@@ -394,9 +419,15 @@ class ChatConversation:
             await batches.aclose()
 
     async def get_messages(
-        self, after: str | None = None, offset: int = 0, limit: int = 50
+        self,
+        after: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
-        return await self._store.list_messages(self.id, after, offset, limit)
+        """A page of the history (``max_bytes``: see :meth:`Store.list_messages`)."""
+        return await self._store.list_messages(self.id, after, offset, limit, max_bytes=max_bytes)
 
     async def rename(self, title: str | None) -> None:
         if self._evicted:
@@ -436,7 +467,7 @@ class ChatConversation:
     # --- the turn engine --------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        while self._queue and not self._closed:
+        while self._queue and not self._closed and not self.agent.stopping:
             msg = self._queue.popleft()
             self._interrupting = self._finishing = False
             self._running = msg.id
@@ -533,12 +564,13 @@ class ChatConversation:
             except Exception as e:
                 log.exception("turn %s of %s failed", user.id, self.id)
                 await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
-        except Exception:
-            # even the end could not be recorded (the database is gone): it is closed at the
-            # next start (never run again: the stop is not clean); listeners still get their
-            # Error and End
-            self.agent.unrecorded_ends += 1
-            log.exception("recording the end of turn %s of %s failed", user.id, self.id)
+        except Exception as e:
+            # even the end could not be recorded (a full disk): the agent writes the turn's
+            # Error record once the database takes writes again (else the next start closes
+            # it); listeners still get their Error and End now
+            log.error("recording the end of turn %s of %s failed: %s", user.id, self.id, e)
+            record = error_record(self.id, user.id, STORAGE_ERROR, "storage", "".join(turn.text))
+            self.agent.record_end_later(self._store, record)
         finally:
             if not turn.ended:
                 self._emit(Error("the turn could not be recorded", "internal"))

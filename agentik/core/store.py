@@ -152,9 +152,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_messages(
-        self, conversation_id: str, after: str | None, offset: int, limit: int
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
-        """A page of the audit log, oldest first; ``after`` is a message id (exclusive)."""
+        """A page of the audit log, oldest first; ``after`` is a message id (exclusive). With
+        ``max_bytes`` the page ends before the message that would take the size of its
+        payloads' JSON past it (the first message always comes): a page of big messages never
+        takes more memory than that."""
 
     @abc.abstractmethod
     async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
@@ -423,7 +432,13 @@ class SqliteStore(Store):
         return await self.db.write(q, durable=True)
 
     async def list_messages(
-        self, conversation_id: str, after: str | None, offset: int, limit: int
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         def q() -> list[Message]:
             after_seq = 0
@@ -439,11 +454,19 @@ class SqliteStore(Store):
                 "SELECT id, kind, created_at, payload_json FROM message "
                 "WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?",
                 (conversation_id, after_seq, limit, offset),
-            ).fetchall()
-            return [
-                Message(r[0], conversation_id, cast(MessageKind, r[1]), _dt(r[2]), json.loads(r[3]))
-                for r in rows
-            ]
+            )
+            page: list[Message] = []
+            size = 0
+            for r in rows:  # read row by row: the rest of a cut page is never loaded
+                size += len(r[3])
+                if page and max_bytes is not None and size > max_bytes:
+                    break
+                page.append(
+                    Message(
+                        r[0], conversation_id, cast(MessageKind, r[1]), _dt(r[2]), json.loads(r[3])
+                    )
+                )
+            return page
 
         return await self.db.read(q)
 
@@ -715,7 +738,13 @@ class MemoryStore(Store):
         return msg
 
     async def list_messages(
-        self, conversation_id: str, after: str | None, offset: int, limit: int
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         msgs = self._messages.get(conversation_id, [])
         if after is not None:
@@ -723,7 +752,14 @@ class MemoryStore(Store):
             if after not in ids:
                 raise UnknownReference(f"after: no message {after!r} in this conversation")
             msgs = msgs[ids.index(after) + 1 :]
-        return msgs[offset : offset + limit]
+        page = msgs[offset : offset + limit]
+        if max_bytes is not None:
+            size = 0
+            for i, m in enumerate(page):
+                size += len(json.dumps(m.payload, ensure_ascii=False))
+                if i and size > max_bytes:
+                    return page[:i]
+        return page
 
     async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
         msgs = self._messages.get(conversation_id, [])
