@@ -291,13 +291,15 @@ async def test_a_card_derived_from_the_request_names_only_allowed_hosts(aiohttp_
     assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
     assert "AGENTIK_PUBLIC_URL" in (await r.json())["error"]["message"]
     r = await client.get("/.well-known/agent-card.json", headers={"Host": "10.1.2.3:8080"})
-    assert r.status == 200 and (await r.json())["url"] == "http://10.1.2.3:8080/a2a/"
+    assert r.status == 200
+    assert (await r.json())["supportedInterfaces"][0]["url"] == "http://10.1.2.3:8080/a2a/"
     assert r.headers["Cache-Control"].startswith("private")
-    listed = await aiohttp_client(
-        a2a_app(tmp_path, AGENTIK_API_KEY=KEY, AGENTIK_ALLOWED_HOSTS="agent.lan")
+    listed = await aiohttp_client(  # a database of its own: one process per database
+        a2a_app(tmp_path / "listed", AGENTIK_API_KEY=KEY, AGENTIK_ALLOWED_HOSTS="agent.lan")
     )
     r = await listed.get("/.well-known/agent-card.json", headers={"Host": "agent.lan"})
-    assert r.status == 200 and (await r.json())["url"] == "http://agent.lan/a2a/"
+    assert r.status == 200
+    assert (await r.json())["supportedInterfaces"][0]["url"] == "http://agent.lan/a2a/"
 
 
 async def test_agent_card_lists_the_skills_catalogue(aiohttp_client, tmp_path):
