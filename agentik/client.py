@@ -28,6 +28,7 @@ import os
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, TypeAlias
@@ -54,12 +55,14 @@ __all__ = [
     "RemoteAgent",
     "RemoteConversation",
     "RemoteEventStream",
+    "SentMessage",
     "Unauthorized",
 ]
 
 DEFAULT_URL = "http://localhost:8080"
 API = "/agentik"
-RETRYABLE_STATUS = frozenset({502, 503, 504})  # a 5xx means "not done": safe to do again
+#: "not done": safe to do again (429: this client is over its connection limits for now)
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 FIRST_DELAY, MAX_DELAY = 0.05, 1.0  # seconds between tries: doubling up to the cap
 #: ``on_retry(what, seconds, failure)``: after each failed try of ``what`` (``seconds`` since its
@@ -156,6 +159,19 @@ class _Retries:
     def succeeded(self) -> None:
         if self.failed and self.hook is not None:
             self.hook(self.what, self.loop.time() - self.start, None)
+
+
+@dataclass(frozen=True, slots=True)
+class SentMessage(Message):
+    """What :meth:`RemoteConversation.send` returns: the stored user message, and where its
+    turn stood when the server answered: ``queued``, ``running``, ``waiting``, ``done``,
+    ``interrupted``, ``failed`` or ``cancelled``, with ``error`` the code of a failed or
+    cancelled one. A send whose first answer was lost and that was retried (same idempotency
+    key) may find its turn over already; ``failed`` with ``error == "restart"`` means a crash
+    cut it and it was not resumed: nothing will answer it, send the message again."""
+
+    turn: str = "queued"
+    error: str | None = None
 
 
 def _info(data: dict[str, Any]) -> ConversationInfo:
@@ -351,11 +367,12 @@ class RemoteConversation:
         *,
         idempotency_key: str | None = None,
         sender: str | None = None,
-    ) -> Message:
-        """Record the user message and queue its turn (202); returns the stored record. Sent
-        with an ``Idempotency-Key`` (a new one unless given) and retried with it after a broken
-        connection: the server stores the message once however often it arrives. ``sender``
-        (default: the agent's) names this client to other viewers."""
+    ) -> SentMessage:
+        """Record the user message and queue its turn (202); returns the stored record with
+        its turn's state (:class:`SentMessage`). Sent with an ``Idempotency-Key`` (a new one
+        unless given) and retried with it after a broken connection: the server stores the
+        message once however often it arrives. ``sender`` (default: the agent's) names this
+        client to other viewers."""
         body: dict[str, Any] = {"content": content_to_json(list(content))}
         if context is not None:
             body["context"] = context.to_json()
@@ -370,7 +387,9 @@ class RemoteConversation:
             headers={"Idempotency-Key": key},
             retry=True,
         )
-        return message_from_json(data)
+        turn, error = data.pop("turn", "queued"), data.pop("error", None)
+        m = message_from_json(data)
+        return SentMessage(m.id, m.conversation_id, m.kind, m.created_at, m.payload, turn, error)
 
     def events(self, after: int | None = None) -> RemoteEventStream:
         """Turn events after the event id ``after``; None: from this call on (a send made after

@@ -24,6 +24,7 @@ import common
 from common import CpuMeter, RawSSE, TurnClient, row, spec_text, stats
 
 N = 2000
+CLOSED_AFTER = 3.0  # s after the streams closed when RSS is read again
 K, T = 100, 200
 PACE = 0.002  # s between tokens in the paced broadcast
 
@@ -45,8 +46,9 @@ async def settle_rss(pid: int) -> int:
 
 async def memory_round(fake_port: int, s: Any, n: int) -> dict[str, float]:
     out: dict[str, float] = {}
+    cap = {"AGENTIK_MAX_CONNECTIONS": str(n + 100)}  # the default cap is 1,000
     # agentik, agent-level streams
-    ag = common.start_agentik(fake_port)
+    ag = common.start_agentik(fake_port, **cap)
     try:
         base = await settle_rss(ag.pid)
         out["agentik_base_kib"] = base
@@ -54,10 +56,12 @@ async def memory_round(fake_port: int, s: Any, n: int) -> dict[str, float]:
         out["agentik_stream_kib"] = (await settle_rss(ag.pid) - base) / n
         for st in streams:
             st.close()
+        await asyncio.sleep(CLOSED_AFTER)
+        out["agentik_closed_ratio"] = common.rss_kib(ag.pid) / base
     finally:
         ag.stop()
     # conversations with one stream each (what N chat windows cost), on a fresh server
-    ag = common.start_agentik(fake_port)
+    ag = common.start_agentik(fake_port, **cap)
     try:
         c = TurnClient(ag.port, s)
         before = await settle_rss(ag.pid)
@@ -123,7 +127,7 @@ async def bare_broadcast(s: Any, port: int, pid: int, k: int, pace: float = 0.0)
 
 async def main(args: Any) -> dict[str, Any]:
     reps = common.repeats(args, 5, 1)
-    n = 500 if args.quick else N
+    n = getattr(args, "n", None) or (500 if args.quick else N)
     fake = common.start_fake()
     rows: list[dict[str, Any]] = []
     raw: dict[str, Any] = {}
@@ -175,6 +179,16 @@ async def main(args: Any) -> dict[str, Any]:
                     met=projc <= 150,
                 )
             )
+            closed = m["agentik_closed_ratio"]
+            rows.append(
+                row(
+                    f"RSS {CLOSED_AFTER:g} s after the {n} streams closed, vs at rest",
+                    closed,
+                    unit="x",
+                    target="≤ 1.20x",
+                    met=closed["median"] <= 1.20,
+                )
+            )
             rows.append(
                 row(
                     "server RSS at rest (after start)",
@@ -184,6 +198,8 @@ async def main(args: Any) -> dict[str, Any]:
                     target="(info)",
                 )
             )
+            if getattr(args, "memory_only", False):
+                return {"id": "B8", "title": "idle SSE streams", "rows": rows, "raw": raw}
             # part 2: broadcast
             ag = common.start_agentik(fake.port)
             bare = common.start_floor("bare_app.py")
@@ -250,5 +266,14 @@ async def main(args: Any) -> dict[str, Any]:
     }
 
 
+def add_args(p: Any) -> None:
+    p.add_argument("--memory-only", action="store_true", help="part 1 only")
+    p.add_argument(
+        "--n",
+        type=int,
+        help=f"idle streams (default {N}; 10000 needs a hard ulimit -n past 10,100)",
+    )
+
+
 if __name__ == "__main__":
-    common.cli(main)
+    common.cli(main, add_args)

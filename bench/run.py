@@ -52,6 +52,7 @@ SUITE = {  # id -> (module, timeout s)
     "B22": ("b22_agui_turn.py", 300),
     "B23": ("b23_doors.py", 400),
     "B24": ("b24_web_page.py", 900),
+    "B25": ("b25_big_pages.py", 300),
 }
 
 

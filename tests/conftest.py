@@ -156,7 +156,17 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
     """Start ``agentik serve`` with the given environment; yields (process, base URL)."""
     procs: list[Process] = []
 
-    def start(env: dict[str, str], *, wait: bool = True, cwd: Path = ROOT) -> tuple[Process, str]:
+    def start(
+        env: dict[str, str],
+        *,
+        wait: bool = True,
+        cwd: Path = ROOT,
+        nofile: str | None = None,
+        command: list[str] | None = None,
+    ) -> tuple[Process, str]:
+        """``cwd``: where it runs; ``nofile``: the process's descriptor limits, ``soft:hard``
+        (``prlimit``); ``command``: what runs instead of ``agentik serve`` (which it must end
+        up running)."""
         given = env.get("AGENTIK_PORT", "")  # a restart may keep its port
         port = int(given) if given.isdigit() else free_port()
         full = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))}
@@ -173,8 +183,10 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 **env,
             }
         )
+        limit = ["prlimit", f"--nofile={nofile}"] if nofile else []
+        command = command or [str(BIN / "agentik"), "serve"]
         log = tmp_path / f"serve-{len(procs)}.log"
-        proc = Process([str(BIN / "agentik"), "serve"], full, log, cwd)
+        proc = Process([*limit, *command], full, log, cwd)
         procs.append(proc)
         base = f"http://127.0.0.1:{port}"
         if wait:

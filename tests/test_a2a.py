@@ -234,7 +234,8 @@ async def test_agent_card_without_a_key(aiohttp_client, tmp_path):
         old = await r.json()
         assert old["url"] == url and old["protocolVersion"] == "0.3.0"
         assert v03.AgentCard.model_validate(old).url == url  # as a 0.3 client reads it
-    assert r.headers["Cache-Control"].startswith("public, max-age=")
+    # it names the Host the client used: that client's own, not for shared caches
+    assert r.headers["Cache-Control"].startswith("private, max-age=")
     tag = {"If-None-Match": r.headers["ETag"]}
     again = await client.get("/.well-known/agent-card.json", headers={**tag, "A2A-Version": "0.3"})
     assert again.status == 304
@@ -264,8 +265,9 @@ async def test_agent_card_with_a_key_is_public_and_declares_bearer(aiohttp_clien
     assert card["securitySchemes"] == {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}}}
     assert card["securityRequirements"] == [{"schemes": {"bearer": {"list": []}}}]
     assert parsed.supported_interfaces[0].url == "https://agent.example.com/a2a/"
-    r = await client.get("/a2a/.well-known/agent-card.json")
+    r = await client.get("/a2a/.well-known/agent-card.json", headers={"Host": "evil.example"})
     assert r.status == 200
+    assert r.headers["Cache-Control"].startswith("public, max-age=")  # the same for everyone
     old = await r.json()
     assert old["url"] == "https://agent.example.com/a2a/" and old["security"] == [{"bearer": []}]
     assert v03.AgentCard.model_validate(old).security_schemes["bearer"].root.scheme == "Bearer"
@@ -278,6 +280,26 @@ async def test_agent_card_with_a_key_is_public_and_declares_bearer(aiohttp_clien
     assert r.status == 401
     answer = await rpc(client, "GetTask", {"id": "t"}, headers={"Authorization": f"Bearer {KEY}"})
     assert answer["error"]["code"] == -32001
+
+
+async def test_a_card_derived_from_the_request_names_only_allowed_hosts(aiohttp_client, tmp_path):
+    """With a key any Host reaches the server; without AGENTIK_PUBLIC_URL the card would echo
+    whatever Host a client sends. It names loopback names, IP addresses and
+    AGENTIK_ALLOWED_HOSTS, and is private to the client that asked."""
+    client = await aiohttp_client(a2a_app(tmp_path, AGENTIK_API_KEY=KEY))
+    r = await client.get("/.well-known/agent-card.json", headers={"Host": "evil.example"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
+    assert "AGENTIK_PUBLIC_URL" in (await r.json())["error"]["message"]
+    r = await client.get("/.well-known/agent-card.json", headers={"Host": "10.1.2.3:8080"})
+    assert r.status == 200
+    assert (await r.json())["supportedInterfaces"][0]["url"] == "http://10.1.2.3:8080/a2a/"
+    assert r.headers["Cache-Control"].startswith("private")
+    listed = await aiohttp_client(  # a database of its own: one process per database
+        a2a_app(tmp_path / "listed", AGENTIK_API_KEY=KEY, AGENTIK_ALLOWED_HOSTS="agent.lan")
+    )
+    r = await listed.get("/.well-known/agent-card.json", headers={"Host": "agent.lan"})
+    assert r.status == 200
+    assert (await r.json())["supportedInterfaces"][0]["url"] == "http://agent.lan/a2a/"
 
 
 async def test_agent_card_lists_the_skills_catalogue(aiohttp_client, tmp_path):
@@ -571,6 +593,43 @@ async def test_image_parts_only_for_a_model_that_takes_images(aiohttp_client, tm
     params = {"message": {**text_message("doc"), "parts": [pdf]}}
     answer = await rpc(client, "SendMessage", params)
     assert answer["error"]["code"] == -32005 and "application/pdf" in answer["error"]["message"]
+
+
+async def test_numbers_no_json_reader_takes_back_are_refused_before_the_turn(
+    aiohttp_client, tmp_path
+):
+    """``1e999`` reads as infinity: stored, the task could not be served back (it failed after
+    its turn ran). Refused at the door with the parse error, nothing stored, no turn run."""
+    llm = ScriptedLLM()
+    client = await aiohttp_client(a2a_app(tmp_path, llm=llm))
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {"message": {**text_message("x"), "metadata": {"n": 1.5}}},
+    }
+    for bad in ("1e999", "-1e999", "NaN", "Infinity"):
+        raw = json.dumps(body).replace("1.5", bad).encode()
+        r = await client.post(
+            "/a2a/", data=raw, headers={"Content-Type": "application/json", "A2A-Version": "1.0"}
+        )
+        answer = await r.json()
+        assert answer["error"]["code"] == -32700, (bad, answer)
+    assert llm.received == []
+    with sqlite3.connect(tmp_path / "a2a.db") as db:
+        assert db.execute("SELECT count(*) FROM message").fetchone()[0] == 0
+
+
+async def test_image_urls_other_than_http_and_data_are_refused(aiohttp_client, tmp_path):
+    llm = ScriptedLLM()
+    llm.capabilities = {"image_input": True}
+    client = await aiohttp_client(a2a_app(tmp_path, llm=llm))
+    for url in ("file:///etc/passwd", "javascript:alert(1)", "ftp://x/y.png"):
+        part = {"url": url, "mediaType": "image/png"}
+        params = {"message": {**text_message(url), "parts": [part]}}
+        answer = await rpc(client, "SendMessage", params)
+        assert answer["error"]["code"] == -32602 and "http" in answer["error"]["message"], answer
+    assert llm.received == []
 
 
 def test_a2a_sdk_is_loaded_at_the_first_call_not_at_start(tmp_path):

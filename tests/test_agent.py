@@ -677,6 +677,75 @@ async def test_a_database_that_cannot_open_is_the_start_up_error(tmp_path):
     assert closed == [True]
 
 
+async def test_a_stop_after_an_unrecorded_turn_end_is_not_clean(make_agent, tmp_path):
+    """A turn whose end could not be written may have run: the next start must treat it as
+    cut off (an Error record), never run it again, so the stop is not recorded as clean."""
+    import sqlite3
+
+    from agentik.core.records import error_record
+    from agentik.core.store import MemoryStore
+
+    class Refusing(MemoryStore):  # a database that refuses every write for good
+        async def get_conversation(self, conversation_id):
+            raise OSError(28, "No space left on device")
+
+    for unrecorded, expected in ((0, 1), (1, 0)):
+        db = str(tmp_path / f"u{unrecorded}.db")
+        agent = await make_agent(ScriptedLLM(), db=db)
+        for _ in range(unrecorded):
+            agent.record_end_later(Refusing(), error_record("conv-x", "msg-x", "lost", "storage"))
+        await agent.close()
+        with sqlite3.connect(db) as raw:
+            rows = raw.execute("SELECT count(*) FROM agent_state WHERE key = 'clean_stop'")
+            assert rows.fetchone()[0] == expected
+
+
+async def test_the_turn_the_disk_filled_under_is_recorded_once_the_disk_is_back(
+    make_agent, tmp_path
+):
+    """A real SQLite "database or disk is full" (the file may not grow) while a turn streams:
+    neither its reply nor its Error record can be written. Once the file may grow again the
+    Error record is written by itself (not only at the next start), and the turn's state says
+    so meanwhile."""
+    import sqlite3
+
+    db_path = str(tmp_path / "full.db")
+    agent = await make_agent(ScriptedLLM(["x" * 4000] * 10, delay=0.05), db=db_path)
+    conv = await agent.create_conversation()
+    events = conv.events()
+    msg = await conv.send(text("fill it"))
+    accepted = await asyncio.wait_for(events.__anext__(), 5)
+    first = await asyncio.wait_for(events.__anext__(), 5)  # the turn streams
+    assert (accepted.type, first.type) == ("UserMessage", "StartResponse")
+    db = agent.store.db
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from now on
+    rest = []
+    async for event in events:
+        rest.append(event)
+        if event.type == "End":
+            break
+    await events.aclose()
+    assert [e.type for e in rest[-2:]] == ["Error", "End"]  # listeners are told at once
+    assert await conv.turn_state(msg.id) == ("failed", "storage")
+    assert agent.unrecorded_ends == 1
+    with sqlite3.connect(db_path) as raw:
+        kinds = [r[0] for r in raw.execute("SELECT kind FROM message ORDER BY seq")]
+    assert kinds == ["user"]
+    db.execute("PRAGMA max_page_count = 1073741823")  # space again
+    for _ in range(100):
+        if not agent.unrecorded_ends:
+            break
+        await asyncio.sleep(0.05)
+    history = await conv.get_messages()
+    assert [m.kind for m in history] == ["user", "error"]
+    assert history[1].payload["code"] == "storage"
+    assert history[1].payload["partialText"] == "x" * 40_000
+    assert await conv.turn_state(msg.id) == ("failed", "storage")
+    assert agent.unrecorded_ends == 0
+    assert await agent.store.list_memory(conv.id) == []  # F2: nothing of a failed turn
+
+
 async def test_run_turn_returns_its_own_turn_when_another_is_running(make_agent):
     from agentik.core.testing import run_turn
 

@@ -301,6 +301,50 @@ async def test_bad_input_is_refused_before_anything_runs(
     assert await client.server.app[AGENT].list_conversations() == []
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # read as infinity by Python: stored, it would come back as Infinity, which no
+        # JSON.parse reads
+        json.dumps(run_input("t", [user("u", "x")], state={"n": 1.0})).replace("1.0", "1e999"),
+        json.dumps(run_input("t", [user("u", "x")], forwardedProps={"n": 1})).replace(
+            '"n": 1', '"n": NaN'
+        ),
+        # only http(s) and data: images reach the model
+        json.dumps(
+            run_input(
+                "t",
+                [
+                    {
+                        "id": "u",
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "url",
+                                    "value": "file:///etc/passwd",
+                                    "mimeType": "image/png",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            )
+        ),
+    ],
+)
+async def test_bodies_no_json_reader_takes_back_are_refused(make_client: Any, raw: str) -> None:
+    llm = ScriptedLLM()
+    llm.capabilities = {"image_input": True}
+    client = await make_client(llm)
+    resp = await client.post("/agui", data=raw, headers={"Content-Type": "application/json"})
+    assert resp.status == 400, await resp.text()
+    assert (await resp.json())["error"]["code"] == "invalid_request"
+    assert await client.server.app[AGENT].list_conversations() == []
+    assert llm.received == []
+
+
 async def test_the_path_is_configurable_and_the_api_key_applies(make_client: Any) -> None:
     key = "k" * 20
     client = await make_client(AGENTIK_AGUI_PATH="/copilot", AGENTIK_API_KEY=key)

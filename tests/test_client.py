@@ -247,8 +247,9 @@ async def test_the_stream_survives_a_killed_and_restarted_server(serve, fake_ope
     async with RemoteAgent(base, retry_for=30) as agent:
         conv = await agent.create_conversation()
         events = conv.events()
-        await conv.send([TextPart("one")])
-        queued = await conv.send([TextPart("two")])
+        cut = await conv.send([TextPart("one")], idempotency_key="one")
+        queued = await conv.send([TextPart("two")], idempotency_key="two")
+        assert cut.turn in ("queued", "running") and queued.turn == "queued"
         got = [await asyncio.wait_for(events.__anext__(), 10) for _ in range(5)]
         ids = [events.last_event_id]
         proc.stop(signal.SIGKILL)
@@ -266,6 +267,11 @@ async def test_the_stream_survives_a_killed_and_restarted_server(serve, fake_ope
         history = await conv.get_messages()
         assert [m.kind for m in history] == ["user", "user", "assistant", "assistant"]
         assert history[1].id == queued.id
+        # a client that resends a message learns where its turn stands: the cut one ran again
+        again = await conv.send([TextPart("one")], idempotency_key="one")
+        assert again.id == cut.id and (again.turn, again.error) == ("done", None)
+        again = await conv.send([TextPart("two")], idempotency_key="two")
+        assert again.id == queued.id and (again.turn, again.error) == ("done", None)
 
 
 # --- errors, timeouts, keys --------------------------------------------------------------------

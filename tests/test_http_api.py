@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 
 import aiohttp
@@ -105,11 +106,28 @@ BAD_BODIES = [
     (b'{"content": [{"type": "text", "body": "x"}], "context": "x"}', "context must be an object"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "AAAA"}]', "image"),
     (b'[{"type": "image", "mimeType": "image/png", "data": "%%%"}]', "base64"),
+    (b'[{"type": "image", "mimeType": "image/png", "url": "file:///etc/passwd"}]', "http(s)"),
+    (b'[{"type": "image", "mimeType": "image/png", "url": "javascript:alert(1)"}]', "http(s)"),
     ('[{"type": "image", "mimeType": "image/png", "data": "é"}]'.encode(), "base64"),
     (b'[{"type": "text", "body": "\\ud800"}]', "lone surrogate"),
     (
         b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": NaN}}}',
         "NaN is not valid JSON",
+    ),
+    # read as infinity by Python and served back as Infinity, which browsers cannot parse
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": 1e999}}}',
+        "numbers must be finite",
+    ),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": -1E999}}}',
+        "numbers must be finite",
+    ),
+    (
+        b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": {"n": 1'
+        + b"0" * 400
+        + b"}}}",
+        "numbers must be finite",
     ),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     (b'[{"type": "text", "body": "x", "extra": 1}]', "unknown fields: extra"),
@@ -354,8 +372,12 @@ async def test_a_client_that_never_reads_does_not_block_the_turn(aiohttp_client)
     # stuck one held nobody
     assert len(frames) == 2003
     await finish_turn(client, cid)
-    items = (await (await client.get(f"/agentik/conversations/{cid}/messages")).json())["items"]
-    assert len(items[-1]["text"]) == 4096 * 2000
+    page = await (await client.get(f"/agentik/conversations/{cid}/messages")).json()
+    # the 8 MB reply is past a page's byte budget: it comes alone on the next page
+    assert [m["type"] for m in page["items"]] == ["user"] and page["hasMore"]
+    url = f"/agentik/conversations/{cid}/messages?after={page['nextAfter']}"
+    page = await (await client.get(url)).json()
+    assert len(page["items"][-1]["text"]) == 4096 * 2000 and not page["hasMore"]
     writer.close()
 
 
@@ -379,6 +401,19 @@ async def test_a_broken_gzip_body_gets_a_json_400_and_no_traceback(client, db_pa
     assert "could not be read" in (await r.json())["error"]["message"]
     assert db_counts(db_path) == before
     assert "Traceback" not in caplog.text and "Unhandled exception" not in caplog.text
+
+
+async def test_head_on_a_history_page_sends_headers_only(client):
+    """The page is written a chunk at a time; a HEAD gets its headers and no body (a body
+    after a HEAD's headers would be read by the client as the next response)."""
+    cid = await new_conv(client)
+    await client.post(f"/agentik/conversations/{cid}/messages", json=TEXT)
+    await finish_turn(client, cid)
+    r = await client.head(f"/agentik/conversations/{cid}/messages")
+    assert r.status == 200 and r.content_type == "application/json"
+    assert await r.read() == b""
+    r = await client.get(f"/agentik/conversations/{cid}/messages")  # the connection is sound
+    assert [m["type"] for m in (await r.json())["items"]] == ["user", "assistant"]
 
 
 async def test_head_on_an_sse_endpoint_sends_headers_only(client):
@@ -416,6 +451,74 @@ async def test_a_disk_failure_is_a_503_that_a_keyed_retry_completes(client, db_p
     assert items[0]["id"] == (await again.json())["id"]
 
 
+async def test_a_history_page_ends_at_its_byte_budget_with_a_cursor(client):
+    """Six 900 KB sends and their six 900 KB echoes: a page of 50 would be 10 MB. It ends
+    once its messages reach the budget (4 MiB), says more follow and where to go on from;
+    following the cursors, or the offsets, gives every message once, in order."""
+    cid = await new_conv(client)
+    url = f"/agentik/conversations/{cid}/messages"
+    for i in range(6):
+        body = [{"type": "text", "body": f"{i}" + "y" * 900_000}]
+        assert (await client.post(url, json=body)).status == 202
+        await finish_turn(client, cid)
+    seen, after, pages = [], None, 0
+    while True:
+        r = await client.get(url, params={"limit": 50, **({"after": after} if after else {})})
+        raw = await r.read()
+        page = json.loads(raw)
+        pages += 1
+        assert 1 <= len(page["items"]) <= 50
+        assert len(raw) <= 4 * 2**20 + 1_000_000  # the budget, give or take the last message
+        seen += page["items"]
+        if not page["hasMore"]:
+            assert page["nextAfter"] is None
+            break
+        assert page["nextAfter"] == page["items"][-1]["id"] and len(page["items"]) < 50
+        after = page["nextAfter"]
+    assert pages >= 3
+    assert [m["type"] for m in seen] == ["user", "assistant"] * 6
+    assert [m["text"][6] for m in seen if m["type"] == "assistant"] == list("012345")
+    assert len({m["id"] for m in seen}) == 12
+    by_offset, offset = [], 0
+    while True:
+        page = await (await client.get(url, params={"offset": offset, "limit": 50})).json()
+        by_offset += page["items"]
+        offset += len(page["items"])
+        if not page["hasMore"]:
+            break
+    assert [m["id"] for m in by_offset] == [m["id"] for m in seen]
+
+
+async def test_storage_failures_log_one_line_per_kind_not_one_per_request(client, caplog):
+    """A database that refuses writes (SQLite's own "readonly" error) while clients retry
+    every second: each request gets its 503, and the log gets one line with the traceback,
+    not a traceback per request; /health/ready says why the server is not ready."""
+    import logging
+
+    from agentik.core.app import AGENT, READINESS, TROUBLE
+
+    db = client.app[AGENT].store.db
+    db.execute("PRAGMA query_only = 1")
+    caplog.set_level(logging.INFO)
+    for _ in range(8):
+        r = await client.post("/agentik/conversations")
+        assert r.status == 503 and (await r.json())["error"]["code"] == "storage_unavailable"
+    lines = [r for r in caplog.records if "storage errors" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is not None, [r.getMessage() for r in lines]
+    assert "attempt to write a readonly database" in lines[0].getMessage()
+    assert sum(n for k, n in client.app[TROUBLE].totals.items() if "storage" in k) == 8
+    ready = await client.get("/health/ready")
+    assert ready.status == 503
+    reasons = (await ready.json())["reasons"]
+    assert any("refuses writes" in r for r in reasons)
+    assert any("a request failed on storage" in r for r in reasons)
+    assert (await client.get("/health")).status == 200  # alive all the same
+    db.execute("PRAGMA query_only = 0")
+    readiness = client.app[READINESS]
+    readiness.probe_interval = readiness.error_window = 0  # no waiting in a test
+    assert (await client.get("/health/ready")).status == 200
+
+
 async def test_an_idempotency_key_stores_and_runs_a_retried_send_once(client, db_path):
     cid = await new_conv(client)
     other = await new_conv(client)
@@ -424,14 +527,17 @@ async def test_an_idempotency_key_stores_and_runs_a_retried_send_once(client, db
     first = await client.post(url, json=TEXT, headers=headers)
     again = await client.post(url, json=[{"type": "text", "body": "changed"}], headers=headers)
     assert first.status == again.status == 202
-    assert (await first.json()) == (await again.json())  # the first message, not a new one
+    sent, resent = await first.json(), await again.json()
+    assert sent.pop("turn") in ("queued", "running") and resent.pop("turn") in ("running", "done")
+    assert sent == resent  # the first message, not a new one
     r = await client.post(f"/agentik/conversations/{other}/messages", json=TEXT, headers=headers)
     assert r.status == 202 and (await r.json())["id"] != (await first.json())["id"]
     await finish_turn(client, cid)
     items = (await (await client.get(url)).json())["items"]
     assert [m["type"] for m in items] == ["user", "assistant"]  # one message, one turn
-    r = await client.post(url, json=TEXT, headers={"Idempotency-Key": "x" * 256})
-    assert r.status == 400 and "Idempotency-Key" in (await r.json())["error"]["message"]
+    for bad in ("x" * 256, "café", "tab\there"):  # the OpenAPI pattern: printable ASCII
+        r = await client.post(url, json=TEXT, headers={"Idempotency-Key": bad})
+        assert r.status == 400 and "Idempotency-Key" in (await r.json())["error"]["message"], bad
 
 
 async def test_shutdown_sends_interrupted_and_end_before_closing_streams(db_path):

@@ -20,7 +20,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 import agentik_transport_http
 from agentik import hookimpl
-from agentik.core.app import AGENT
+from agentik.core.app import AGENT, READINESS
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, Usage
 from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.tools import tool
@@ -312,6 +312,14 @@ async def test_served_document_is_the_file_narrowed_to_the_model(aiohttp_client:
 async def test_server_matches_document(api: Api) -> None:
     health = await api.call("GET", "/health", 200)
     assert health["status"] == "ok"
+    assert (await api.call("GET", "/health/ready", 200)) == {"status": "ready"}
+    readiness, db = api.client.app[READINESS], api.client.app[AGENT].store.db
+    readiness.probe_interval = 0  # probe at every call
+    db.execute("PRAGMA query_only = 1")  # the database refuses writes
+    not_ready = await api.call("GET", "/health/ready", 503)
+    assert "the database refuses writes" in not_ready["reasons"][0]
+    db.execute("PRAGMA query_only = 0")
+    await api.call("GET", "/health/ready", 200)
     served = await api.call("GET", "/agentik/openapi.json", 200)
     assert served["paths"] == DOC["paths"]  # narrowed to text input (the test just above)
     agent_stream = await api.stream("/agentik/events")

@@ -3,8 +3,10 @@ cross-site requests, the bind address and the banner."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,7 +16,7 @@ from agentik import hookimpl
 from agentik.core import security
 from agentik.core.settings import SettingsError
 from agentik.core.testing import make_app
-from tests.conftest import BIN, read_sse
+from tests.conftest import BIN, read_sse, script_fake
 
 KEY = "k-0123456789abcdef-first"
 OTHER_KEY = "k-0123456789abcdef-second"
@@ -42,10 +44,11 @@ TRANSPORTS = (
     "agentik_debug",
     "agentik_transport_web",
 )
-#: routes anyone may read: the health check, the A2A agent card (it declares the scheme), and
+#: routes anyone may read: the health checks, the A2A agent card (it declares the scheme), and
 #: the web page's own files (it must load to ask for the key; it holds no data)
 PUBLIC = (
     "/health",
+    "/health/ready",
     "/.well-known/agent-card.json",
     "/a2a/.well-known/agent-card.json",
     "/",
@@ -141,6 +144,14 @@ async def test_sse_takes_the_key_as_a_query_parameter_and_nothing_else_does(
     assert r.status == 401  # only an EventSource needs it in the URL
     r = await client.get(f"/agentik/conversations/{cid}?access_token={KEY}")
     assert r.status == 401
+    # asking for an event stream does not make a route an event stream
+    sse = {"Accept": "text/event-stream"}
+    for path in (f"/agentik/conversations/{cid}", f"/agentik/conversations/{cid}/messages"):
+        r = await client.get(f"{path}?access_token={KEY}", headers=sse)
+        assert r.status == 401, path
+    r = await client.get(f"/agentik/events?access_token={KEY}", headers=sse)
+    assert r.status == 200
+    r.close()
 
 
 async def test_without_a_key_only_loopback_host_names_are_served(aiohttp_client, tmp_path):
@@ -150,6 +161,10 @@ async def test_without_a_key_only_loopback_host_names_are_served(aiohttp_client,
     for host in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example"):
         r = await client.post("/agentik/conversations", headers={"Host": host})
         assert r.status == 403 and (await r.json())["error"]["code"] == "host_not_allowed"
+    # not a host at all, whatever it starts with
+    for host in ("127.0.0.1:80@evil.com", "localhost:80/x", "127.0.0.1:8o", "a b", "[::1"):
+        r = await client.post("/agentik/conversations", headers={"Host": host})
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_host", host
     with sqlite3.connect(tmp_path / "c.db") as raw:
         assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
     client2 = await aiohttp_client(make_app(env={"AGENTIK_ALLOWED_HOSTS": "agent.lan"}))
@@ -173,6 +188,30 @@ async def test_cross_site_requests_are_refused(aiohttp_client, tmp_path):
     # the same origin (a page the server itself serves) is not cross-site
     own = f"http://127.0.0.1:{client.port}"
     assert (await client.post("/agentik/conversations", headers={"Origin": own})).status == 201
+
+
+async def test_a_body_in_an_unknown_content_encoding_gets_a_415(aiohttp_client, tmp_path):
+    """Read as it is, an encoded body would be parsed as something it is not."""
+    import gzip
+
+    client = await aiohttp_client(make_app(env={"AGENTIK_DB_PATH": str(tmp_path / "e.db")}))
+    json_body = {"Content-Type": "application/json"}
+    for encoding in ("compress", "x-rot13", "gzip, gzip", "br-x"):
+        r = await client.post(
+            "/agentik/conversations",
+            data=b'{"title": "x"}',
+            headers={**json_body, "Content-Encoding": encoding},
+        )
+        assert r.status == 415, encoding
+        assert (await r.json())["error"]["code"] == "unsupported_content_encoding"
+    with sqlite3.connect(tmp_path / "e.db") as raw:
+        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    r = await client.post(
+        "/agentik/conversations",
+        data=gzip.compress(b'{"title": "zipped"}'),
+        headers={**json_body, "Content-Encoding": "gzip"},
+    )
+    assert r.status == 201 and (await r.json())["title"] == "zipped"
 
 
 async def test_cors_allows_only_the_named_origins(aiohttp_client):
@@ -457,16 +496,18 @@ async def test_connections_beyond_the_cap_get_a_503_and_close(serve, fake_openai
 
 
 def test_the_cap_fits_the_descriptor_limit():
-    """Raised towards the hard limit when it can be; otherwise lowered, with a warning naming
-    the variable."""
+    """The soft limit is raised to the hard one (a burst past the cap needs descriptors too,
+    for the moment its connections are refused); where the hard limit is lower than the cap
+    and its reserve, the cap is lowered, with a warning naming the variable."""
     import sys
 
     script = (
         "import resource\n"
         "from agentik.core.listener import connection_cap, FD_RESERVE\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 400))\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 4000))\n"
         "assert connection_cap(300) == 300, 'raised'\n"
-        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 300 + FD_RESERVE\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 4000\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 400))\n"
         "warned = []\n"
         "assert connection_cap(1000, warned.append) == 400 - FD_RESERVE\n"
         "print(warned[0])\n"
@@ -474,3 +515,167 @@ def test_the_cap_fits_the_descriptor_limit():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("AGENTIK_MAX_CONNECTIONS=1000 needs 1064 file descriptors")
+
+
+async def test_one_address_flooding_leaves_the_others_their_answers(serve, fake_openai_proc):
+    """The attack of the reliability probe, scaled to this machine: 400 slow connections from
+    one address (127.0.0.2), each reconnecting the moment it is closed, against a server that
+    holds 300 at most. Without per-client limits they take every slot and the other clients
+    get 503s; with them the flood gets its 100 and 429s, and a client at 127.0.0.3 keeps at
+    least 95% of its answers."""
+    import asyncio
+
+    proc, base = serve(
+        fake_env(fake_openai_proc, AGENTIK_MAX_CONNECTIONS="300", AGENTIK_KEEPALIVE_TIMEOUT="60")
+    )
+    port = int(base.rsplit(":", 1)[1])
+    flooding = True
+
+    async def slow_client() -> None:
+        while flooding:
+            writer = None
+            try:
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=("127.0.0.2", 0)
+                )
+                writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # no end
+                await writer.drain()
+                await reader.read()  # held until the server closes it
+            except OSError:
+                await asyncio.sleep(0.01)
+            finally:
+                if writer is not None:
+                    writer.close()
+
+    flood = [asyncio.create_task(slow_client()) for _ in range(400)]
+    try:
+        await asyncio.sleep(2)  # the flood holds what it can
+        answers = []
+        timeout = aiohttp.ClientTimeout(total=10)
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.3", 0), force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
+            for _ in range(60):
+                try:
+                    async with s.get(f"{base}/health") as r:
+                        answers.append(r.status)
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    answers.append(type(e).__name__)
+    finally:
+        flooding = False
+        for task in flood:
+            task.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+    assert answers.count(200) >= 57, answers
+    log = proc.output
+    assert log.count("connections refused (429): their client was over its limits") == 1
+    assert "Traceback" not in log
+
+
+async def test_behind_a_trusted_proxy_the_forwarded_client_is_limited(aiohttp_client, tmp_path):
+    """From a trusted proxy (loopback by default) each client named by X-Forwarded-For has its
+    own limit of requests at once, SSE streams included; a client cannot choose its name by
+    sending the header itself (the proxy appends the real address last); from an untrusted
+    peer the header means nothing."""
+    env = {"AGENTIK_DB_PATH": str(tmp_path / "p.db"), "AGENTIK_MAX_CLIENT_CONNECTIONS": "3"}
+    client = await aiohttp_client(make_app(env=env))
+
+    def via(*hops):
+        return {"X-Forwarded-For": ", ".join(hops)}
+
+    held = [await client.get("/agentik/events", headers=via("203.0.113.7")) for _ in range(3)]
+    assert all(r.status == 200 for r in held)
+    r = await client.get("/agentik/events", headers=via("203.0.113.7"))
+    assert r.status == 429 and r.headers["Retry-After"] == "1"
+    assert (await r.json())["error"]["code"] == "too_many_client_connections"
+    # what the client wrote itself comes first: the proxy's own hop decides
+    r = await client.get("/health", headers=via("198.51.100.1", "203.0.113.7"))
+    assert r.status == 429
+    assert (await client.get("/health", headers=via("203.0.113.7", "198.51.100.1"))).status == 200
+    assert (await client.get("/health")).status == 200  # a local client: not limited
+    held[0].close()
+    await asyncio.sleep(0.1)
+    assert (await client.get("/health", headers=via("203.0.113.7"))).status == 200
+    for r in held[1:]:
+        r.close()
+    untrusted = await aiohttp_client(
+        make_app(env={**env, "AGENTIK_TRUSTED_PROXIES": "none", "AGENTIK_DB_PATH": ""})
+    )
+    streams = [await untrusted.get("/agentik/events", headers=via("203.0.113.7")) for _ in range(4)]
+    assert all(r.status == 200 for r in streams)  # the header is ignored
+    for r in streams:
+        r.close()
+
+
+async def test_descriptor_exhaustion_costs_one_log_line_and_no_connection(serve, fake_openai_proc):
+    """The limit is raised to the hard limit at start-up. Where even that is too low for a
+    burst (200 here), accepting stops for a second at a time and one line is logged, not a
+    traceback per connection; every connection gets its answer (200, or 503 over the cap)."""
+    import asyncio
+    import re
+
+    proc, base = serve(fake_env(fake_openai_proc), nofile="64:4096")
+    limits = await asyncio.to_thread(Path(f"/proc/{proc.proc.pid}/limits").read_text)
+    assert re.search(r"Max open files\s+4096\s+4096", limits), limits
+    proc.stop()
+    proc, base = serve(fake_env(fake_openai_proc), nofile="200:200")
+    host, port = base.removeprefix("http://").split(":")
+
+    async def one() -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        try:
+            return await reader.read()
+        finally:
+            writer.close()
+
+    answers = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(600))), 60)
+    statuses = [a.split(b" ", 2)[1] for a in answers if a]
+    assert len(statuses) == 600 and set(statuses) <= {b"200", b"503"}
+    log = proc.output
+    assert "Traceback" not in log and "socket.accept() out of system resource" not in log
+    assert log.count("out of file descriptors") <= 1
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200
+
+
+async def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout(
+    serve, fake_openai_proc
+):
+    """A client asks for big history pages (four 2.7 MB pages, pipelined: more than the
+    kernel's buffers take) and reads nothing: after AGENTIK_WRITE_TIMEOUT without a byte taken
+    its connection is cut, and with it what the server held for it; one log line."""
+    import socket
+
+    proc, base = serve(fake_env(fake_openai_proc, AGENTIK_WRITE_TIMEOUT="1"))
+    await script_fake(fake_openai_proc, *[{"text": "ok"}] * 3)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{base}/agentik/conversations") as r:
+            cid = (await r.json())["id"]
+        url = f"{base}/agentik/conversations/{cid}/messages"
+        for i in range(3):
+            body = [{"type": "text", "body": f"{i}" + "z" * 900_000}]
+            async with s.post(url, json=body) as r:
+                assert r.status == 202
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that takes little
+    sock.connect((host, int(port)))
+    request = f"GET /agentik/conversations/{cid}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    sock.sendall(request.encode() * 4)
+    for _ in range(100):  # not reading: the server's writes stall, then it gives up
+        if "client read nothing for AGENTIK_WRITE_TIMEOUT" in proc.output:
+            break
+        await asyncio.sleep(0.1)
+    assert proc.output.count("client read nothing for AGENTIK_WRITE_TIMEOUT") == 1
+    got = 0
+    sock.settimeout(5)
+    try:
+        while chunk := sock.recv(1 << 20):
+            got += len(chunk)
+    except (ConnectionResetError, TimeoutError):
+        pass
+    sock.close()
+    assert got < 4 * 2_700_000  # cut off: not every page came
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200

@@ -372,3 +372,126 @@ def test_help_lists_every_command_and_imports_nothing_heavy_otherwise():
         "assert not [m for m in sys.modules if m.startswith(('agentik_', 'aiohttp'))]"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+async def slow_upload(base: str, cid: str) -> asyncio.StreamWriter:
+    """A send whose body trickles in (a slow uplink): its handler waits for it."""
+    host, port = base.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST /agentik/conversations/{cid}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n[".encode()
+    )
+    await writer.drain()
+    return writer
+
+
+async def test_a_stop_keeps_its_budget_and_leaves_queued_messages_for_the_next_start(
+    serve, fake_openai_proc, tmp_path
+):
+    """SIGTERM while a turn streams, a message waits behind it, an upload trickles in and a
+    client takes a big history page without reading it: the process exits 0 within
+    AGENTIK_SHUTDOWN_TIMEOUT (the upload and the reader are cut at its deadline), the running
+    turn is recorded as interrupted, and the queued message is answered after the next start,
+    not closed with a restart error."""
+    import socket
+
+    env = openai_env(fake_openai_proc, AGENTIK_SHUTDOWN_TIMEOUT="3")
+    proc, base = serve(env)
+    async with aiohttp.ClientSession() as s:
+        big = await new_conversation(s, base)
+        for i in range(3):  # history for a big page (the model's answers do not matter)
+            await post_message(s, base, big, [{"type": "text", "body": f"{i}" + "z" * 900_000}])
+        await idle(s, base, big)
+        await script_fake(fake_openai_proc, {"text": "slow " * 500, "delay": 0.05})
+        cid = await new_conversation(s, base)
+        events = await s.get(f"{base}/agentik/conversations/{cid}/events")
+        running = await post_message(s, base, cid, [{"type": "text", "body": "long"}])
+        queued = await post_message(s, base, cid, [{"type": "text", "body": "later"}])
+        await events.content.readline()  # the turn streams
+        upload = await slow_upload(base, cid)
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        host, port = base.removeprefix("http://").split(":")
+        reader.connect((host, int(port)))
+        page = f"GET /agentik/conversations/{big}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        reader.sendall(page.encode() * 4)  # more than the kernel's buffers take
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        code = await asyncio.to_thread(proc.stop, signal.SIGTERM)
+        took = time.monotonic() - t0
+        events.close()
+        upload.close()
+        reader.close()
+    assert code == 0, proc.output
+    assert took < 3, f"the stop took {took:.1f} s"
+    with sqlite3.connect(tmp_path / "agentik.db") as raw:
+        rows = raw.execute(
+            "SELECT kind, payload_json FROM message WHERE conversation_id = ? ORDER BY seq",
+            (cid,),
+        ).fetchall()
+    assert [k for k, _ in rows] == ["user", "user", "assistant"]
+    assert '"interrupted": true' in rows[2][1]
+    proc2, base = serve(env)
+    async with aiohttp.ClientSession() as s:
+        await idle(s, base, cid)
+        items = await history(s, base, cid)
+    assert [m["type"] for m in items] == ["user", "user", "assistant", "assistant"]
+    assert items[1]["id"] == queued["id"] and items[0]["id"] == running["id"]
+    assert items[3]["text"] == "echo: later"
+    assert proc2.stop() == 0
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 1.0, 1.5])
+async def test_a_second_signal_exits_130_whenever_it_comes(serve, fake_openai_proc, delay):
+    """The first SIGTERM starts the stop (kept busy by an upload that trickles in, cut at the
+    deadline 2 s later); a second one, whenever it comes, exits at once with 130, never
+    killed by the signal's default action (-15). (Two sent at the same instant are one signal
+    to the kernel.)"""
+    proc, base = serve(openai_env(fake_openai_proc, AGENTIK_SHUTDOWN_TIMEOUT="4"))
+    async with aiohttp.ClientSession() as s:
+        cid = await new_conversation(s, base)
+    upload = await slow_upload(base, cid)
+    await asyncio.sleep(0.2)
+    proc.proc.send_signal(signal.SIGTERM)
+    await asyncio.sleep(delay)
+    proc.proc.send_signal(signal.SIGTERM)
+    code = await asyncio.to_thread(proc.proc.wait, 10)
+    upload.close()
+    assert code == 130, proc.output
+
+
+async def test_a_second_signal_after_the_event_loop_closed_still_exits_130(serve, fake_openai_proc):
+    """Between the end of the event loop and the end of the process (here made slow by an
+    exit hook) asyncio's own signal handlers are gone: a second SIGTERM there was killed by
+    the default action (-15). It exits 130."""
+    script = (
+        "import atexit, sys, time\n"
+        "from agentik.core.cli import main\n"
+        "atexit.register(time.sleep, 3)\n"
+        "sys.exit(main(['serve']))\n"
+    )
+    proc, _ = serve(openai_env(fake_openai_proc), command=[sys.executable, "-c", script])
+    proc.proc.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(proc.wait_output, "stopped")
+    await asyncio.sleep(0.3)
+    proc.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(proc.proc.wait, 10) == 130, proc.output
+
+
+async def test_other_signals_are_not_counted_as_a_second_stop(serve, fake_openai_proc):
+    """A plugin (or a profiler) may handle signals of its own: those never count as the
+    second SIGTERM that forces an exit."""
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: None)\n"
+        "from agentik.core.cli import main\n"
+        "sys.exit(main(['serve']))\n"
+    )
+    proc, base = serve(openai_env(fake_openai_proc), command=[sys.executable, "-c", script])
+    for _ in range(3):
+        proc.proc.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/health") as r:
+        assert r.status == 200
+    assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0, proc.output

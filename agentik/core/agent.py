@@ -28,7 +28,7 @@ from agentik.core.runner import RESTART_ERROR
 from agentik.core.store import MemoryStore, Store
 from agentik.core.tools import ToolRegistry
 from agentik.core.turns import TurnRecord, TurnState, Wait
-from agentik.core.types import AgentEvent, ConversationInfo, Event, InvalidInput
+from agentik.core.types import AgentEvent, ConversationInfo, Event, InvalidInput, Message
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 
@@ -38,6 +38,8 @@ MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every turn it ran
 EVENT_IDS = "event_ids"  # agent state: no event id above it was issued (persisted ahead of use)
 EVENT_ID_BLOCK = 1 << 16  # event ids reserved by one write of EVENT_IDS
+#: seconds between tries to record the ends of turns the database refused (a full disk)
+RECORD_RETRY = 1.0
 
 
 class ChatAgent:
@@ -93,8 +95,11 @@ class ChatAgent:
         self.resume_queued = resume_queued
         self.resume_turns = resume_turns
         self._opened = self._closed = False
-        #: turns whose end could not be recorded: such a stop is not clean (see :meth:`close`)
-        self.unrecorded_ends = 0
+        #: the server stops: no turn starts any more (messages sent now wait for the next start)
+        self.stopping = False
+        #: the Error records of turns whose end the database refused, with their store, oldest
+        #: first: written once it takes writes again; while any is left a stop is not clean
+        self._unrecorded: list[tuple[Store, Message]] = []
         #: conversations with turns the last stop left to run (queued, or cut while running)
         self._to_resume: list[str] = []
 
@@ -166,17 +171,72 @@ class ChatAgent:
         return count
 
     async def stop_turns(self) -> None:
-        """Shutdown: interrupt the running turns and wait until each has recorded its end, so
-        its listeners get Interrupted and End before their streams close. Queued messages stay
-        in the database and run after the next start (unless ``resume_queued`` is off)."""
-        busy = [conv for conv in self._live.values() if conv.busy]
-        await asyncio.gather(*(conv.close() for conv in busy))
+        """Shutdown: start no more turns, interrupt the running ones and wait until each has
+        recorded its end, so its listeners get Interrupted and End before their streams close;
+        then record that the stop is clean. Queued messages, and those sent from now on, stay
+        in the database and run after the next start (unless ``resume_queued`` is off): a stop
+        never closes them, even if the process is killed before it exits. A waiting turn waits
+        on (it holds nothing)."""
+        self.stopping = True
+        busy = [conv for conv in self._live.values() if conv.inbox.running]
+        for conv in busy:
+            conv.runner.interrupt()
+        await asyncio.gather(*(conv.wait_idle() for conv in busy))
+        await self._mark_clean_stop()
+
+    async def _mark_clean_stop(self) -> None:
+        """No turn runs and every end is recorded: the next start runs every unfinished turn."""
+        if self.unrecorded_ends:
+            return
+        try:
+            await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
+        except Exception as e:  # the next start treats the stop as a crash
+            log.warning("could not record the clean stop: %s", e)
 
     def end_streams(self) -> None:
         """End every live event stream (shutdown): SSE handlers return, clients disconnect."""
         for conv in self._live.values():
             conv.log.close()
         self._events.close()
+
+    @property
+    def unrecorded_ends(self) -> int:
+        """Turns whose end the database refused and that are not recorded yet."""
+        return len(self._unrecorded)
+
+    def record_end_later(self, store: Store, record: Message) -> None:
+        """Write a turn's Error ``record`` (``userMessageId``: the turn) as soon as ``store``
+        takes writes again: the turn the disk filled under ends in the history once the disk is
+        back, not only at the next start."""
+        self._unrecorded.append((store, record))
+        if len(self._unrecorded) == 1:
+            self.jobs.spawn("recording the ends of turns", self._record_ends())
+
+    def unrecorded_state(self, turn_id: str) -> tuple[str, str] | None:
+        """``("failed", "storage")`` while the end of the turn ``turn_id`` waits to be
+        recorded (:meth:`ChatConversation.turn_state`), else None."""
+        if any(r.payload["userMessageId"] == turn_id for _, r in self._unrecorded):
+            return "failed", "storage"
+        return None
+
+    async def _record_ends(self, retry: float = RECORD_RETRY) -> None:
+        while self._unrecorded:
+            await asyncio.sleep(retry)
+            if await self._try_record_ends():
+                log.info("recorded the ends of turns the database had refused")
+
+    async def _try_record_ends(self) -> bool:
+        """Write the waiting Error records, in order; False at the first that fails."""
+        while self._unrecorded:
+            store, record = self._unrecorded[0]
+            cid, turn_id = record.conversation_id, record.payload["userMessageId"]
+            try:
+                if await store.get_conversation(cid) is not None:  # else deleted meanwhile
+                    await store.fail_turn(cid, turn_id, record)
+            except Exception:
+                return False
+            self._unrecorded.pop(0)
+        return True
 
     async def close(self) -> None:
         if self._closed:
@@ -192,9 +252,9 @@ class ChatAgent:
         await self.jobs.close()
         if self.event_ids.high > self._event_mark:  # a reservation cut by the shutdown
             await self.store.write_state(EVENT_IDS, str(self.event_ids.high))
-        if not self.unrecorded_ends:
-            # every turn that ran has recorded its end: what is open at the next start is queued
-            await self.store.write_state(CLEAN_STOP, utcnow().isoformat())
+        await self._try_record_ends()
+        # every turn that ran has recorded its end: the next start runs what is left
+        await self._mark_clean_stop()
         await self.store.close()
 
     # --- the protocol -------------------------------------------------------------------------

@@ -27,6 +27,9 @@ from agentik.core.conversation import PromptSection
 from agentik.core.db import Database
 from agentik.core.embedding import EmbeddingBackend
 from agentik.core.failures import log_failure
+from agentik.core.health import Readiness
+from agentik.core.health import add_routes as add_health_routes
+from agentik.core.limits import ClientLimits
 from agentik.core.listener import TroubleLog
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend, memory_off
@@ -51,6 +54,10 @@ SETTINGS = web.AppKey("agentik.settings", Settings)
 PLUGINS = web.AppKey("agentik.plugins", Plugins)
 #: counts client trouble (refused connections, malformed requests, slow bodies) for the log
 TROUBLE = web.AppKey("agentik.trouble", TroubleLog)
+#: per-client connection limits (the listener's, and its middleware's behind a trusted proxy)
+LIMITS = web.AppKey("agentik.limits", ClientLimits)
+#: what /health/ready answers (the stop sets ``stopping``; storage errors are reported to it)
+READINESS = web.AppKey("agentik.readiness", Readiness)
 MAX_BODY = 1024 * 1024
 
 NO_LLM_HINT = (
@@ -326,39 +333,50 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
     )
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+def json_errors(trouble: TroubleLog, readiness: Readiness) -> Any:
     """Every error is JSON ``{"error": {"code", "message"}}``; never a stack trace."""
-    try:
-        return await handler(request)  # type: ignore[no-any-return]
-    except web.RequestPayloadError as e:  # a body that cannot be read: broken gzip, cut short
-        response = error_response(400, "bad_body", f"the request body could not be read: {e}")
-        # the rest of the body is unreadable too: neither drain it (aiohttp would log the same
-        # error with a traceback) nor keep the connection
-        request.content.feed_eof()
-        response.force_close()
-        return response
-    except web.HTTPException as e:
-        if e.status < 400 or e.content_type == "application/json":
-            raise
-        code = e.reason.lower().replace(" ", "_")
-        message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
-        return error_response(e.status, code, message, headers=e.headers)
-    except (OSError, sqlite3.OperationalError, peewee.OperationalError) as e:
-        if isinstance(e, ConnectionError):  # the client went away: nobody to answer
-            raise
-        # the disk or the database failed (full, I/O error): nothing was done, or a commit was
-        # not confirmed, and a retry with the same Idempotency-Key completes it; say so
-        log.exception("storage error on %s %s", request.method, request.path)
-        return error_response(
-            503,
-            "storage_unavailable",
-            "the database could not complete the request; retry it",
-            headers={"Retry-After": "1"},
-        )
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "internal", "internal server error")
+
+    @web.middleware
+    async def answer_json(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        except web.RequestPayloadError as e:  # a body that cannot be read: broken gzip, cut short
+            response = error_response(400, "bad_body", f"the request body could not be read: {e}")
+            # the rest of the body is unreadable too: neither drain it (aiohttp would log the
+            # same error with a traceback) nor keep the connection
+            request.content.feed_eof()
+            response.force_close()
+            return response
+        except web.HTTPException as e:
+            if e.status < 400 or e.content_type == "application/json":
+                raise
+            code = e.reason.lower().replace(" ", "_")
+            message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
+            return error_response(e.status, code, message, headers=e.headers)
+        except (OSError, sqlite3.OperationalError, peewee.OperationalError) as e:
+            if isinstance(e, ConnectionError):  # the client went away: nobody to answer
+                raise
+            # the disk or the database failed (full, I/O error): nothing was done, or a commit
+            # was not confirmed, and a retry with the same Idempotency-Key completes it; say so.
+            # Logged once a minute per kind of failure with a count, the traceback once: the
+            # clients told to retry every second would otherwise fill the log
+            readiness.storage_failed(e)
+            trouble.count(
+                f"storage errors ({type(e).__name__}: {e})",
+                f"{request.method} {request.path}",
+                exc_info=e,
+            )
+            return error_response(
+                503,
+                "storage_unavailable",
+                "the database could not complete the request; retry it",
+                headers={"Retry-After": "1"},
+            )
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(500, "internal", "internal server error")
+
+    return answer_json
 
 
 def body_in_time(seconds: float, trouble: TroubleLog) -> Any:
@@ -367,27 +385,26 @@ def body_in_time(seconds: float, trouble: TroubleLog) -> Any:
     its handler forever. Every transport's handlers then read the body from memory."""
 
     @web.middleware
+    def in_time(request: web.Request, handler: Any) -> Awaitable[web.StreamResponse]:
+        if not request.body_exists:  # passed on, not awaited (security.answered says why)
+            return handler(request)  # type: ignore[no-any-return]
+        return read_body(request, handler)
+
     async def read_body(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.body_exists:
-            try:
-                async with asyncio.timeout(seconds):
-                    await request.read()
-            except TimeoutError:
-                trouble.count("slow_body", str(request.remote))
-                response = error_response(
-                    408, "request_timeout", f"the request body did not arrive within {seconds:g} s"
-                )
-                request.content.feed_eof()  # what is left of it is not read
-                response.force_close()
-                return response
+        try:
+            async with asyncio.timeout(seconds):
+                await request.read()
+        except TimeoutError:
+            trouble.count("slow_body", str(request.remote))
+            response = error_response(
+                408, "request_timeout", f"the request body did not arrive within {seconds:g} s"
+            )
+            request.content.feed_eof()  # what is left of it is not read
+            response.force_close()
+            return response
         return await handler(request)  # type: ignore[no-any-return]
 
-    return read_body
-
-
-@security.public
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "agent": request.app[AGENT].id})
+    return in_time
 
 
 def create_app(
@@ -403,10 +420,17 @@ def create_app(
     settings = settings if settings is not None else load_settings(plugins, env)
     agent = build_agent(plugins, settings, llm)
     trouble = TroubleLog()
+    readiness = Readiness(agent)
+    limits = ClientLimits(
+        settings["AGENTIK_MAX_CLIENT_CONNECTIONS"],
+        settings["AGENTIK_CLIENT_CONNECTION_RATE"],
+        settings["AGENTIK_TRUSTED_PROXIES"],
+    )
     app = web.Application(
         middlewares=[
+            limits.middleware(functools.partial(_over_limit, trouble)),
             security.middleware(settings),
-            json_errors,
+            json_errors(trouble, readiness),
             body_in_time(settings["AGENTIK_BODY_TIMEOUT"], trouble),
         ],
         client_max_size=MAX_BODY,
@@ -416,7 +440,9 @@ def create_app(
     app[SETTINGS] = settings
     app[PLUGINS] = plugins
     app[TROUBLE] = trouble
-    app.router.add_get("/health", health)
+    app[READINESS] = readiness
+    app[LIMITS] = limits
+    add_health_routes(app, agent, readiness)
     routes = RouteOwners(app)
     routes.claim("the core")
 
@@ -481,6 +507,14 @@ def _routes(router: web.UrlDispatcher) -> list[tuple[str, str, Any]]:
             continue
         out += [(route.method, resource.canonical, route) for route in resource]
     return out
+
+
+def _over_limit(trouble: TroubleLog, reason: str) -> web.Response:
+    """The answer to a request over its forwarded client's limits (behind a trusted proxy)."""
+    trouble.count("client_limit", reason)
+    return error_response(
+        429, "too_many_client_connections", f"{reason}; retry later", {"Retry-After": "1"}
+    )
 
 
 async def _stop_counting(app: web.Application) -> None:
@@ -604,5 +638,6 @@ def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
 
 
 async def _end_streams(app: web.Application) -> None:
+    app[READINESS].stopping = True
     await app[AGENT].stop_turns()  # their listeners get Interrupted and End first
     app[AGENT].end_streams()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agentik.core.limits import LOOPBACK_PROXIES, parse_trusted_proxies
 from agentik.core.memory import parse_memory_dir
 from agentik.core.security import parse_api_keys
 from agentik.core.settings import (
@@ -142,6 +143,34 @@ CORE_SETTINGS = (
         "closed. The file-descriptor limit is raised to fit, or the cap lowered with a warning.",
     ),
     Setting(
+        "AGENTIK_MAX_CLIENT_CONNECTIONS",
+        100,
+        parse_positive_int,
+        "Connections one client (an IP address; an IPv6 /64) may hold at once, or, behind a "
+        "trusted proxy, requests (SSE streams included); one more gets a 429.",
+    ),
+    Setting(
+        "AGENTIK_CLIENT_CONNECTION_RATE",
+        20.0,
+        parse_positive_float,
+        "New connections one client may open per second (bursts of twice as many); one more "
+        "gets a 429.",
+    ),
+    Setting(
+        "AGENTIK_TRUSTED_PROXIES",
+        parse_trusted_proxies(",".join(LOOPBACK_PROXIES)),
+        parse_trusted_proxies,
+        "Comma list of proxy addresses or networks whose X-Forwarded-For names the client "
+        "(per-client limits apply to it); `none` trusts none. Default: loopback.",
+    ),
+    Setting(
+        "AGENTIK_WRITE_TIMEOUT",
+        30.0,
+        parse_positive_float,
+        "Seconds a client may read nothing of what the server sends it (a page, a stream) "
+        "before its connection is dropped.",
+    ),
+    Setting(
         "AGENTIK_BODY_TIMEOUT",
         30.0,
         parse_positive_float,
@@ -165,8 +194,8 @@ CORE_SETTINGS = (
         "AGENTIK_SHUTDOWN_TIMEOUT",
         5.0,
         parse_positive_float,
-        "Seconds a graceful shutdown gives HTTP requests still in progress before cancelling "
-        "them (running turns are interrupted at once, not waited for).",
+        "Seconds the whole stop may take (SIGTERM to exit; keep it under an orchestrator's "
+        "grace period, e.g. Docker's 10 s): requests left then are cut, the process exits.",
     ),
     Setting(
         "AGENTIK_LOAD_PLUGINS",

@@ -247,20 +247,28 @@ def serve_command(host: str | None, port: int | None) -> int:
 
 
 async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
+    import socket
+
     from aiohttp import web
 
-    from agentik.core.app import SETTINGS, TROUBLE, StartupError
-    from agentik.core.listener import Listener, connection_cap
+    from agentik.core.app import LIMITS, SETTINGS, TROUBLE, StartupError
+    from agentik.core.listener import (
+        ACCEPT_BATCH,
+        BACKLOG,
+        Listener,
+        connection_cap,
+        quiet_accept_errors,
+    )
 
+    settings = app[SETTINGS]
     handler_args = {
         "access_log": None,
         # also from the connection's start: a client that sends nothing, or its headers too
         # slowly to finish a request, is closed after it (aiohttp's idle check)
-        "keepalive_timeout": app[SETTINGS]["AGENTIK_KEEPALIVE_TIMEOUT"],
+        "keepalive_timeout": settings["AGENTIK_KEEPALIVE_TIMEOUT"],
     }
     runner = web.AppRunner(
         app,
-        shutdown_timeout=shutdown_timeout,
         handle_signals=False,
         # an SSE handler whose client left ends at once, not at the next ping
         handler_cancellation=True,
@@ -273,35 +281,138 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
         if isinstance(e, StartupError):  # a PluginError among them
             raise
         raise StartupError(f"start-up failed: {type(e).__name__}: {e}") from e
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():  # a second Ctrl-C: the operator does not want to wait
-            log.warning("forced exit")
-            os._exit(130)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    stop = asyncio.Event()
+    _stop_on_signals(loop, stop, shutdown_timeout)
+    # an accept that fails for want of descriptors: counted, not a traceback each
+    loop.set_exception_handler(quiet_accept_errors(app[TROUBLE]))
     listening: asyncio.Server | None = None
+    assert runner.server is not None
+    cap = connection_cap(settings["AGENTIK_MAX_CONNECTIONS"])
+    # not a TCPSite: connections beyond the cap or their client's limits get a 503/429,
+    # aiohttp's own errors JSON, clients that stop reading are dropped
+    listener = Listener(
+        runner.server,
+        cap,
+        app[TROUBLE],
+        handler_args,
+        app[LIMITS],
+        settings["AGENTIK_WRITE_TIMEOUT"],
+    )
     try:
-        assert runner.server is not None
-        cap = connection_cap(app[SETTINGS]["AGENTIK_MAX_CONNECTIONS"])
-        # not a TCPSite: connections beyond the cap get a 503, aiohttp's own errors JSON
-        listening = await loop.create_server(
-            Listener(runner.server, cap, app[TROUBLE], handler_args), host, port
-        )
+        # asyncio accepts up to ``backlog`` connections a tick (and, out of descriptors, tries
+        # each of them again): a modest batch, but a deep kernel queue for bursts
+        listening = await loop.create_server(listener, host, port, backlog=ACCEPT_BATCH)
+        for sock in listening.sockets:
+            with socket.socket(fileno=os.dup(sock.fileno())) as same:
+                same.listen(BACKLOG)
         bound = listening.sockets[0].getsockname()[:2] if listening.sockets else (host, port)
         for line in await banner(app, *bound):
             print(line, flush=True)
         await stop.wait()
         log.info("shutting down")
     finally:
-        if listening is not None:
-            listening.close()  # no new connections; runner.cleanup closes the open ones
-        await runner.cleanup()
+        await _stop(app, runner.server, listening, listener, shutdown_timeout)
     log.info("stopped")
+
+
+#: seconds of a stop kept for closing the agent, its services and the database
+CLEANUP_SHARE = 2.0
+
+
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, budget: float) -> None:
+    """SIGINT/SIGTERM stop the server; a second one exits at once with status 130, at any
+    moment until the process is gone (plain ``signal`` handlers: asyncio's own are reset to
+    the default, which kills with -15, when its loop closes); a stop still running
+    ``budget`` seconds after the first signal exits with status 1."""
+    import socket
+    import threading
+
+    # the C-level handler writes here from whatever thread caught the signal: the loop wakes
+    # at once and the main thread runs the Python handler below
+    wake = socket.socketpair()  # kept by the handler: closed, its number would be reused
+    for end in wake:
+        end.setblocking(False)
+    signal.set_wakeup_fd(wake[1].fileno(), warn_on_full_buffer=False)
+    caught: list[int] = []  # one byte each signal caught (Python runs one handler for two)
+
+    def count() -> None:  # other signals with a Python handler write here too
+        caught.extend(n for n in wake[0].recv(512) if n in (signal.SIGINT, signal.SIGTERM))
+        if len(caught) > 1:
+            forced_exit()
+
+    loop.add_reader(wake[0].fileno(), count)
+    stopping: list[bool] = []
+
+    def on_signal(signum: int, frame: Any, wake: tuple[Any, ...] = wake) -> None:
+        if stopping:  # a second Ctrl-C: the operator does not want to wait
+            forced_exit()
+        stopping.append(True)
+        watchdog = threading.Timer(budget, _overrun, (budget,))
+        watchdog.daemon = True
+        watchdog.start()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def forced_exit() -> None:
+    os.write(2, b"agentik: forced exit\n")
+    os._exit(130)
+
+
+def _overrun(budget: float) -> None:
+    os.write(
+        2, f"agentik: the stop took over AGENTIK_SHUTDOWN_TIMEOUT={budget:g} s: exiting\n".encode()
+    )
+    os._exit(1)
+
+
+async def _stop(
+    app: web.Application,
+    server: Any,
+    listening: asyncio.Server | None,
+    listener: Any,
+    budget: float,
+) -> None:
+    """Stop within ``budget`` seconds: no new connections; running turns record their ends
+    (interrupted) and the stop is recorded as clean; event streams end; requests in progress
+    get until the grace deadline, then every connection left is cut (an upload that trickles,
+    a client that does not read); the rest of the budget closes the agent, its services and
+    the database."""
+    from agentik.core.app import READINESS
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    grace_end = start + budget - min(CLEANUP_SHARE, budget / 2)
+    app[READINESS].stopping = True
+    if listening is not None:
+        listening.close()  # no new connections
+    transports = [c.transport for c in server.connections if c.transport is not None]
+    server.pre_shutdown()  # idle keep-alive connections close now, busy ones after their answer
+    try:
+        async with asyncio.timeout_at(grace_end):
+            await app.shutdown()  # turns record their ends, streams end (_end_streams)
+            await server.shutdown(grace_end - loop.time())  # requests in progress finish
+    except TimeoutError:
+        log.warning("requests still running at the stop's deadline: cut")
+    transports += [c.transport for c in server.connections if c.transport is not None]
+
+    def flushing() -> bool:  # answers still on their way to clients that read them
+        return any(t.get_write_buffer_size() for t in transports)
+
+    while loop.time() < grace_end and flushing():  # noqa: ASYNC110 - nothing signals a drain
+        await asyncio.sleep(0.05)
+    for transport in transports:
+        transport.abort()  # what is left: uploads, clients that do not read
+    listener.close()
+    await app.cleanup()  # the agent, its services, the LLM client, the database
+    if loop.time() - start > budget:
+        log.warning(
+            "the stop took %.1f s (AGENTIK_SHUTDOWN_TIMEOUT=%g)", loop.time() - start, budget
+        )
 
 
 async def banner(app: web.Application, host: str, port: int) -> list[str]:
@@ -549,7 +660,7 @@ def _show(value: Any) -> str | None:
     if isinstance(value, bool):
         return str(int(value))
     if isinstance(value, tuple):
-        return ",".join(value) or None
+        return ",".join(str(v) for v in value) or None
     return None if value is None else str(value)
 
 

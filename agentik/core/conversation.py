@@ -18,7 +18,7 @@ from agentik.core.records import utcnow
 from agentik.core.runner import TurnRunner
 from agentik.core.store import Store, TokenStats
 from agentik.core.stream import ConversationEvents
-from agentik.core.turns import TurnRecord
+from agentik.core.turns import TurnRecord, TurnState
 from agentik.core.types import ContentPart, ConversationInfo, Message, MessageContext, Via
 
 if TYPE_CHECKING:
@@ -131,6 +131,30 @@ class ChatConversation(ConversationEvents):
             return await (await self._current()).resume_turn(turn_id, call_id, answer)
         return await self.inbox.answer(turn_id, call_id, answer)
 
+    async def turn_state(self, turn_id: str) -> tuple[str, str | None]:
+        """Where the turn of the user message ``turn_id`` stands, as the HTTP API says it:
+        ``queued``, ``running``, ``waiting``, ``done``, ``interrupted``, ``failed`` or
+        ``cancelled``, with the error code of a failed or cancelled one (``restart``: a crash
+        cut it and it was not resumed). A client that resends a message learns from it whether
+        anything will still answer."""
+        if self._evicted:
+            return await (await self._current()).turn_state(turn_id)
+        waiting = self.agent.unrecorded_state(turn_id)  # its end waits for the database
+        if waiting is not None:
+            return waiting
+        if turn_id == self.running_turn:
+            return "running", None
+        record = await self.turn(turn_id)
+        if record is None or not record.state.final:
+            return (str(record.state) if record else "queued"), None
+        if record.state is TurnState.DONE:
+            return "done", None
+        end = await self.store.turn_end(turn_id)
+        if record.state is TurnState.CANCELLED and end is not None and end.kind == "assistant":
+            return "interrupted", None
+        code = end.payload.get("code") if end is not None else None
+        return ("cancelled" if record.state is TurnState.CANCELLED else "failed"), code
+
     async def turn(self, turn_id: str) -> TurnRecord | None:
         """One of this conversation's turns as it stands (state, steps, waits), or None."""
         record = await self.store.get_turn(turn_id)
@@ -139,9 +163,15 @@ class ChatConversation(ConversationEvents):
     # --- history and the rest ---------------------------------------------------------------
 
     async def get_messages(
-        self, after: str | None = None, offset: int = 0, limit: int = 50
+        self,
+        after: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
-        return await self.store.list_messages(self.id, after, offset, limit)
+        """A page of the history (``max_bytes``: see :meth:`Store.list_messages`)."""
+        return await self.store.list_messages(self.id, after, offset, limit, max_bytes=max_bytes)
 
     async def rename(self, title: str | None) -> None:
         if self._evicted:

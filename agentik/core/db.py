@@ -101,7 +101,8 @@ class Database:
         try:
             result = fn()
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite rolled back itself after some errors (a full disk)
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
         if durable and self.path != ":memory:":

@@ -109,7 +109,10 @@ class EventLog:
         self._ids = ids = ids if ids is not None else EventIds()
         self._seq = ids.high
         self.readers = 0
-        self._waiters: list[asyncio.Future[None]] = []  # one per reader waiting for news
+        #: one per reader waiting for news; a reader that leaves takes its own out (kept, the
+        #: futures of thousands of closed streams would stay until the next event, pinning
+        #: the memory they were allocated in)
+        self._waiters: set[asyncio.Future[None]] = set()
         self._closed = False
 
     @property
@@ -137,7 +140,7 @@ class EventLog:
         self._wake()
 
     def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
+        waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
             if not waiter.done():  # a cancelled reader's own future is done
                 waiter.set_result(None)
@@ -188,8 +191,11 @@ class EventLog:
                 if self._closed:
                     return
                 waiter = loop.create_future()
-                self._waiters.append(waiter)
-                await waiter
+                self._waiters.add(waiter)
+                try:
+                    await waiter
+                finally:
+                    self._waiters.discard(waiter)
                 if linger:
                     await asyncio.sleep(linger)
         finally:

@@ -133,7 +133,8 @@ class Inbox:
         return record.user
 
     def start(self) -> None:
-        if self.running or self.conv.closed or self._holding():
+        # a stopping server starts no turn: what is queued runs after the next start
+        if self.running or self.conv.closed or self.conv.agent.stopping or self._holding():
             return
         self.worker = asyncio.create_task(self._drain(), name=f"turns-{self.conv.id}")
 
@@ -144,7 +145,7 @@ class Inbox:
 
     async def _drain(self) -> None:
         conv = self.conv
-        while not conv.closed:
+        while not conv.closed and not conv.agent.stopping:
             record = self.held
             if record is not None:
                 if self._holding():

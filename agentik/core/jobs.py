@@ -35,6 +35,8 @@ class JobRunner:
         task = asyncio.ensure_future(self._guard(name, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if asyncio.iscoroutine(work):  # cancelled before it started: not "never awaited"
+            task.add_done_callback(lambda _: work.close())
         return task
 
     def spawn_call(self, name: str, run: Callable[[], Awaitable[Any]]) -> None:

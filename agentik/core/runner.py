@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
+STORAGE_ERROR = "the turn's end could not be recorded: the database failed"
 #: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
 INTERRUPTED_MARK = "[interrupted by the user]"
 
@@ -112,11 +113,14 @@ class TurnRunner:
             except Exception as e:
                 log.exception("turn %s of %s failed", turn.id, self.conv.id)
                 await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
-        except Exception:
-            # even the end could not be recorded (the database is gone): the turn stays open
-            # in the store and the next start takes it up again; listeners get Error and End
-            self.conv.agent.unrecorded_ends += 1
-            log.exception("recording the end of turn %s of %s failed", turn.id, self.conv.id)
+        except Exception as e:
+            # even the end could not be recorded (a full disk): the agent writes the turn's
+            # Error record once the database takes writes again (else the next start takes the
+            # turn up again); listeners still get their Error and End now
+            log.error("recording the end of turn %s of %s failed: %s", turn.id, self.conv.id, e)
+            partial = "".join(turn.text)
+            record = error_record(self.conv.id, turn.id, STORAGE_ERROR, "storage", partial)
+            self.conv.agent.record_end_later(self.conv.store, record)
         finally:
             if not turn.ended and turn.state is not TurnState.WAITING:
                 self._emit(Error("the turn could not be recorded", "internal"))

@@ -4,14 +4,18 @@ address. One middleware guards every route of every transport, plugins' routes i
 
 - **API keys** (``AGENTIK_API_KEY``): every route needs ``Authorization: Bearer <key>``
   (compared in constant time against every key), except those marked :func:`public`
-  (``/health``, an A2A agent card). An SSE request (``Accept: text/event-stream``) may give the
-  key as ``?access_token=`` instead, because a browser's ``EventSource`` cannot set headers.
+  (``/health``, an A2A agent card). A GET of an event-stream route (marked
+  :func:`event_stream`) may give the key as ``?access_token=`` instead, because a browser's
+  ``EventSource`` cannot set headers; no other request may.
 - **DNS rebinding**: without a key the server answers only requests whose ``Host`` is a
   loopback name (or one of ``AGENTIK_ALLOWED_HOSTS``), so a page whose name was rebound to
   127.0.0.1 gets nothing.
 - **Cross-site requests**: a state-changing request from a browser page of another origin is
   refused unless the origin is in ``AGENTIK_CORS_ORIGINS``; bodies must be JSON (a form or a
   ``text/plain`` POST, which browsers send cross-site without asking, gets a 415).
+- **Malformed requests**: a ``Host`` that is not a host name or address with an optional port
+  (``127.0.0.1:80@evil.com``) gets a 400; a body in a ``Content-Encoding`` the server cannot
+  decode gets a 415 instead of being read as it is.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 
 from agentik.core.responses import error_response
 from agentik.core.settings import SecretSafeError, Settings, parse_list
@@ -35,11 +41,31 @@ log = logging.getLogger(__name__)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CORS_MAX_AGE = "600"
+#: a Host header: a name (letters, digits, ``.-_~``) or a bracketed IPv6 address, then a port
+HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)(?::[0-9]{1,5})?")
+#: the request body encodings aiohttp decodes here (``br`` and ``zstd`` need their modules)
+ENCODINGS = frozenset(
+    {
+        "",
+        "identity",
+        "gzip",
+        "deflate",
+        *(["br"] if HAS_BROTLI else []),
+        *(["zstd"] if HAS_ZSTD else []),
+    }
+)
 
 
 def public(handler: F) -> F:
     """Mark a route handler as open without an API key (``/health``, an agent card)."""
     handler.agentik_public = True  # type: ignore[attr-defined]
+    return handler
+
+
+def event_stream(handler: F) -> F:
+    """Mark a GET route handler that answers with an event stream: it takes the API key as
+    ``?access_token=`` too (a browser's ``EventSource`` cannot send headers)."""
+    handler.agentik_event_stream = True  # type: ignore[attr-defined]
     return handler
 
 
@@ -106,15 +132,27 @@ def bind_host(settings: Mapping[str, Any], override: str | None = None) -> str:
     return host
 
 
-def _host_name(host_header: str) -> str:
-    """``Host`` without its port: ``example.com:8080`` → ``example.com``, ``[::1]:80`` → ``::1``."""
+def host_name(host_header: str) -> str | None:
+    """``Host`` without its port: ``example.com:8080`` → ``example.com``, ``[::1]:80`` → ``::1``;
+    None when it is no host at all (``127.0.0.1:80@evil.com``)."""
+    if not HOST.fullmatch(host_header):
+        return None
     if host_header.startswith("["):
         return host_header[1 : host_header.find("]")].lower()
-    return host_header.rsplit(":", 1)[0].lower() if host_header.count(":") == 1 else host_header
+    return host_header.rsplit(":", 1)[0].lower()
 
 
 def _origin_of(request: web.Request) -> str:
     return f"{request.scheme}://{request.host}"
+
+
+async def answered(response: web.StreamResponse) -> web.StreamResponse:
+    """A middleware's own answer, as the awaitable a passing-on middleware returns.
+
+    A middleware that passes a request on returns ``handler(request)`` itself instead of
+    awaiting it (a plain ``def``, not ``async def``): one that awaits stays in memory, frame and
+    coroutine, as long as the request runs, and an SSE stream runs for hours (B8)."""
+    return response
 
 
 def _refuse(status: int, code: str, message: str) -> web.Response:
@@ -155,24 +193,33 @@ def middleware(settings: Settings) -> Callable[..., Any]:
     origins = frozenset(settings["AGENTIK_CORS_ORIGINS"])
     refused_origins = OncePerInterval()
 
-    def authorized(request: web.Request) -> bool:
+    def authorized(request: web.Request, route: Any) -> bool:
         given = ""
         auth = request.headers.get("Authorization", "")
         if auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
-        elif request.method == "GET" and "text/event-stream" in request.headers.get("Accept", ""):
+        elif request.method == "GET" and getattr(route, "agentik_event_stream", False):
             given = request.query.get("access_token", "")
         token = given.encode()
         # every key compared, in constant time: no early exit tells which prefix matched
         return any([hmac.compare_digest(token, key) for key in keys])
 
     @web.middleware
-    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
-        if allowed_hosts is not None and _host_name(request.host) not in allowed_hosts:
+    def guard(request: web.Request, handler: Any) -> Awaitable[web.StreamResponse]:
+        refused = refusal(request)
+        return handler(request) if refused is None else answered(refused)  # see passing_on
+
+    def refusal(request: web.Request) -> web.StreamResponse | None:
+        # the header, not request.host: that one is cached on the request, by every open stream
+        host = request.headers.get("Host") or request.host
+        name = host_name(host)
+        if name is None:
+            return _refuse(400, "bad_host", f"Host {host[:100]!r} is not a host name")
+        if allowed_hosts is not None and name not in allowed_hosts:
             return _refuse(
                 403,
                 "host_not_allowed",
-                f"Host {request.host!r} is not served here (set AGENTIK_ALLOWED_HOSTS)",
+                f"Host {host!r} is not served here (set AGENTIK_ALLOWED_HOSTS)",
             )
         origin = request.headers.get("Origin")
         cross = origin is not None and origin != _origin_of(request)
@@ -203,6 +250,13 @@ def middleware(settings: Settings) -> Callable[..., Any]:
                     f"requests from {origin} are not allowed (AGENTIK_CORS_ORIGINS)",
                 )
         route = request.match_info.handler
+        encoding = request.headers.get("Content-Encoding")
+        if encoding is not None and request.body_exists and encoding.lower() not in ENCODINGS:
+            return _refuse(
+                415,
+                "unsupported_content_encoding",
+                f"the body's Content-Encoding must be one of: {', '.join(sorted(ENCODINGS))}",
+            )
         if (
             request.method not in SAFE_METHODS
             and request.body_exists
@@ -217,11 +271,11 @@ def middleware(settings: Settings) -> Callable[..., Any]:
                 "the body must be JSON (Content-Type: application/json)",
             )
         handler_is_public = getattr(route, "agentik_public", False)
-        if keys and not handler_is_public and not authorized(request):
+        if keys and not handler_is_public and not authorized(request, route):
             response = _refuse(401, "unauthorized", "a valid API key is required")
             response.headers["WWW-Authenticate"] = 'Bearer realm="agentik"'
             return response
-        return await handler(request)  # type: ignore[no-any-return]
+        return None
 
     return guard
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +25,49 @@ class InvalidInput(ValueError):
 class UnknownReference(InvalidInput):
     """Well-formed input naming something that does not exist (a message id to page after);
     transports answer it with a 404."""
+
+
+# --- JSON from clients ----------------------------------------------------------------------
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """A client's JSON document, refused (:class:`InvalidInput`) unless every value can be stored
+    and served back as JSON that any parser reads: no ``NaN``/``Infinity``, no number beyond
+    a double's range (``1e999``, which Python reads as infinity and browsers' ``JSON.parse``
+    then refuses), no lone surrogate (``"\\ud800"``, which SQLite cannot store as text).
+    Every transport parses request bodies with it."""
+    try:
+        data = json.loads(
+            raw, parse_constant=_no_constant, parse_float=_finite, parse_int=_in_range
+        )
+        json.dumps(data, ensure_ascii=False).encode()
+    except RecursionError:
+        raise InvalidInput("the JSON body is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise InvalidInput("the JSON body contains invalid Unicode (a lone surrogate)") from None
+    except InvalidInput:
+        raise
+    except ValueError as e:
+        raise InvalidInput(f"malformed JSON: {e}") from None
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise InvalidInput(f"malformed JSON: {name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidInput(f"the number {text[:40]} is out of range (numbers must be finite)")
+    return value
+
+
+def _in_range(text: str) -> int:
+    value = int(text)  # its length is capped by Python (ValueError past 4,300 digits)
+    if len(text) > 308 and not math.isfinite(float(text)):
+        raise InvalidInput(f"the number {text[:40]}… is out of range (numbers must be finite)")
+    return value
 
 
 # --- content -------------------------------------------------------------------------------
@@ -60,6 +105,18 @@ ContentPart: TypeAlias = TextPart | ImagePart
 MAX_IMAGE_BYTES = 4 * 1024 * 1024
 
 
+#: the schemes of image URLs a model is given: a ``file:`` or ``javascript:`` URL is no image
+#: a client may point the model (or a model server that fetches it) at
+IMAGE_URL_SCHEMES = ("https:", "http:", "data:")
+
+
+def check_image_url(url: str, where: str = "image") -> str:
+    """``url`` when it is an ``https:``, ``http:`` or ``data:`` URL; else :class:`InvalidInput`."""
+    if not url.strip().lower().startswith(IMAGE_URL_SCHEMES):
+        raise InvalidInput(f"{where}.url must be an http(s) or data: URL, got {url[:40]!r}")
+    return url
+
+
 def _require_str(obj: JSON, key: str, where: str, *, optional: bool = False) -> str | None:
     value = obj.get(key)
     if value is None and optional:
@@ -95,6 +152,8 @@ def content_from_json(raw: Any) -> list[ContentPart]:
             url = _require_str(item, "url", where, optional=True)
             if (data is None) == (url is None):
                 raise InvalidInput(f"{where} needs exactly one of 'data' or 'url'")
+            if url is not None:
+                check_image_url(url, where)
             if data is not None:
                 try:
                     base64.b64decode(data, validate=True)

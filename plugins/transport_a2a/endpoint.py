@@ -4,7 +4,6 @@ out (imported at the first call: it loads a2a-sdk)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 
 from a2a.utils import errors
@@ -12,6 +11,7 @@ from a2a.utils.task import apply_history_length
 from aiohttp import web
 
 from agentik.core.agent import ChatAgent
+from agentik.core.types import InvalidInput, parse_json
 from agentik_transport_a2a import jsonrpc
 from agentik_transport_a2a.jsonrpc import V03, V10, Call
 from agentik_transport_a2a.service import TERMINAL, A2AService, TaskRun, Update
@@ -49,11 +49,11 @@ async def handle(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
         )
         return json_response(jsonrpc.error(None, err))
     try:
-        data = json.loads(await request.read())
-    except (ValueError, RecursionError) as e:
-        return json_response(
-            jsonrpc.error(None, errors.JSONParseError(message=f"invalid JSON: {e}"))
-        )
+        # refused at the door, like every transport's bodies: NaN, 1e999 (a number no JSON
+        # reader takes back), lone surrogates; never stored, no turn run
+        data = parse_json(await request.read())
+    except InvalidInput as e:
+        return json_response(jsonrpc.error(None, errors.JSONParseError(message=str(e))))
     version = V10
     try:
         request_id, method, version = jsonrpc.envelope(data)

@@ -5,17 +5,22 @@ the first JSON-RPC call (``endpoint.py``), not when the server starts."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from datetime import UTC, datetime
 
 from aiohttp import web
 
 from agentik.core.agent import ChatAgent
-from agentik.core.security import own_content_type, public
+from agentik.core.app import error_response
+from agentik.core.security import host_name, is_loopback, own_content_type, public
 from agentik.core.settings import Settings
 from agentik_transport_a2a.card import VERSION_HEADER, agent_card, skills_version
 
+#: a card built from AGENTIK_PUBLIC_URL is the same for everyone; one that names the Host a
+#: client used is that client's (a shared cache must not hand it to others)
 CARD_CACHE = "public, max-age=300"
+CARD_CACHE_PRIVATE = "private, max-age=300"
 
 
 def _now() -> datetime:
@@ -46,9 +51,33 @@ class A2ARoutes:
             return asked.split(".", 1)[0] == "0"
         return request.path != "/.well-known/agent-card.json"
 
+    def _may_name(self, host: str | None) -> bool:
+        """Whether the card may name ``host`` (a request's): a loopback name, an IP address or
+        one of AGENTIK_ALLOWED_HOSTS; any other name is only the client's to claim."""
+        if host is None:
+            return False
+        allowed = self.settings["AGENTIK_ALLOWED_HOSTS"] or ()
+        if is_loopback(host) or "*" in allowed or host in {h.lower() for h in allowed}:
+            return True
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return True
+
     @public
     async def card(self, request: web.Request) -> web.Response:
         legacy = self.legacy_card(request)
+        cache = CARD_CACHE
+        if self.settings["AGENTIK_PUBLIC_URL"] is None:
+            cache = CARD_CACHE_PRIVATE
+            if not self._may_name(host_name(request.host)):
+                return error_response(
+                    403,
+                    "host_not_allowed",
+                    f"the agent card would advertise Host {request.host[:100]!r}: set "
+                    "AGENTIK_PUBLIC_URL (or list the name in AGENTIK_ALLOWED_HOSTS)",
+                )
         base = f"{request.scheme}://{request.host}"
         version = skills_version(self.settings)
         if version != self._changed[0]:
@@ -63,7 +92,7 @@ class A2ARoutes:
             cached = self._cards[key] = (body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
         body, etag = cached
         modified = self._changed[1]
-        headers = {"Cache-Control": CARD_CACHE, "ETag": etag, "Vary": VERSION_HEADER}
+        headers = {"Cache-Control": cache, "ETag": etag, "Vary": VERSION_HEADER}
         if request.headers.get("If-None-Match") is not None:  # it wins over If-Modified-Since
             fresh = etag in request.headers["If-None-Match"]
         else:

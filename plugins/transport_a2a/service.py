@@ -32,6 +32,7 @@ from agentik.core.types import (
     TextPart,
     ToolCall,
     Via,
+    check_image_url,
 )
 from agentik_transport_a2a.tasks import StoredTask, TaskStore
 
@@ -299,7 +300,11 @@ class A2AService:
                     data = base64.b64encode(part.raw).decode()
                     content.append(ImagePart(part.media_type, data=data))
                 else:
-                    content.append(ImagePart(part.media_type, url=part.url))
+                    try:
+                        url = check_image_url(part.url, "part")
+                    except InvalidInput as e:
+                        raise errors.InvalidParamsError(message=str(e)) from None
+                    content.append(ImagePart(part.media_type, url=url))
             else:
                 what = "text and image" if images else "text"
                 raise errors.ContentTypeNotSupportedError(

@@ -2,8 +2,8 @@
 a stream of AG-UI events, so CopilotKit and any ``@ag-ui/client`` app talk to the same stateful
 agent. ``docs/agui.md`` says how a client's messages meet the agent's history.
 
-The protocol package (``ag-ui-protocol``, the ``agui`` extra) is imported only when the
-endpoint is set up, in :mod:`agentik_transport_agui.endpoint`.
+The protocol package (``ag-ui-protocol``, the ``agui`` extra) is imported only at the first
+run, in :mod:`agentik_transport_agui.endpoint`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,15 @@ def setup(app: Any, agent: Any, settings: Settings) -> None:
     if not protocol_installed():  # an optional extra: the rest of the server runs without it
         log.warning(MISSING)
         return
-    from agentik_transport_agui.endpoint import add_route
 
-    add_route(app, agent, settings[PATH])
+    async def handler(request: Any) -> Any:
+        # the protocol package and pydantic (~12 MB) load at the first run, not at start:
+        # a server that never serves AG-UI does not carry them (B8's RSS at rest)
+        from agentik_transport_agui.endpoint import run
+
+        return await run(request, agent)
+
+    app.router.add_post(settings[PATH], handler)
 
 
 @hookimpl

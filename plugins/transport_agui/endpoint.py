@@ -36,6 +36,7 @@ from agentik.core.types import (
     TextPart,
     Via,
     content_from_json,
+    parse_json,
 )
 from agentik_transport_agui.translate import META, RunTranslator, client_id, history_messages
 
@@ -44,13 +45,6 @@ PAGE = 200  # history records read per query for a snapshot
 MAX_ID = 200  # a message id longer than this is no client's id (it keys a durable send)
 VIA = Via("agui")
 CLOSED = "the server stopped before the run ended; its reply is in the thread's history"
-
-
-def add_route(app: web.Application, agent: ChatAgent, path: str) -> None:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await run(request, agent)
-
-    app.router.add_post(path, handler)
 
 
 class NewInput:
@@ -128,8 +122,9 @@ def _parts(message: UserMessage) -> list[ContentPart]:
 
 
 def parse(raw: bytes) -> RunAgentInput:
+    data = parse_json(raw)  # as every transport: no NaN, 1e999 or lone surrogate gets stored
     try:
-        return RunAgentInput.model_validate_json(raw)
+        return RunAgentInput.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])

@@ -13,6 +13,7 @@ from aiohttp import web
 from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
 from agentik.core.app import AGENT, error_response
 from agentik.core.protocol import read_history
+from agentik.core.security import event_stream
 from agentik.core.types import (
     ConversationInfo,
     InvalidInput,
@@ -20,6 +21,7 @@ from agentik.core.types import (
     UnknownReference,
     Via,
     content_from_json,
+    parse_json,
 )
 from agentik_transport_http import export
 from agentik_transport_http.sse import StreamHub, resume_point
@@ -27,10 +29,15 @@ from agentik_transport_http.sse import StreamHub, resume_point
 HUB = web.AppKey("agentik.http.streams", StreamHub)
 OPENAPI = web.AppKey("agentik.http.openapi", dict[str, str])
 MAX_LIMIT = 200
+#: a history page ends early (with ``nextAfter``) once its messages' JSON reaches this size
+PAGE_BYTES = 4 * 2**20
+WRITE_CHUNK = 64 * 1024  # bytes of a page encoded before they are written
 DEFAULT_LIMIT = 50
 MAX_TITLE = 1000
 MAX_KEY = 255
 INTEGER = re.compile(r"-?[0-9]{1,18}")  # longer is out of any range (and slow to parse)
+#: printable ASCII without spaces at either end (HTTP strips those from a header's value)
+KEY = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 REQUIRED = object()
 VIA = Via("http")  # a send that names no sender
@@ -68,21 +75,7 @@ async def read_json(request: web.Request, *, empty: Any = REQUIRED) -> Any:
         if empty is not REQUIRED:
             return empty
         raise InvalidInput("the request needs a JSON body")
-    try:
-        data = json.loads(body, parse_constant=_reject_constant)
-        # lone surrogates ("\ud800") are valid JSON escapes but not text SQLite can store
-        json.dumps(data, ensure_ascii=False).encode()
-    except RecursionError:
-        raise InvalidInput("the JSON body is nested too deeply") from None
-    except UnicodeEncodeError:
-        raise InvalidInput("the JSON body contains invalid Unicode (a lone surrogate)") from None
-    except ValueError as e:
-        raise InvalidInput(f"malformed JSON: {e}") from None
-    return data
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    return parse_json(body)
 
 
 def page_params(request: web.Request) -> tuple[int, int]:
@@ -206,8 +199,8 @@ def idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
-        raise InvalidInput(f"Idempotency-Key must be 1 to {MAX_KEY} printable characters")
+    if len(key) > MAX_KEY or not KEY.fullmatch(key):
+        raise InvalidInput(f"Idempotency-Key must be 1 to {MAX_KEY} printable ASCII characters")
     return key
 
 
@@ -220,7 +213,13 @@ async def send_message(request: web.Request) -> web.Response:
         msg = await conv.send(content, context, idempotency_key=key, via=via)
     except ConversationClosed:
         raise web.HTTPNotFound(text=f"no conversation {conv.id!r}") from None
-    return web.json_response(msg.to_json(), status=202)
+    # a retried send learns whether anything will still answer its message (a crash may have
+    # cut its turn: "failed" with error "restart")
+    state, error = await conv.turn_state(msg.id)
+    body = {**msg.to_json(), "turn": state}
+    if error is not None:
+        body["error"] = error
+    return web.json_response(body, status=202)
 
 
 @routes.post("/conversations/{id}/interrupt")
@@ -230,22 +229,54 @@ async def interrupt(request: web.Request) -> web.Response:
 
 
 @routes.get("/conversations/{id}/messages")
-async def list_messages(request: web.Request) -> web.Response:
+async def list_messages(request: web.Request) -> web.StreamResponse:
     conv = await conversation_or_404(request)
     offset, limit = page_params(request)
     after = request.query.get("after") or None
-    msgs = await conv.get_messages(after, offset, limit + 1)
-    return web.json_response(
-        {
-            "items": [m.to_json() for m in msgs[:limit]],
-            "offset": offset,
-            "limit": limit,
-            "hasMore": len(msgs) > limit,
-        }
-    )
+    msgs = await conv.get_messages(after, offset, limit + 1, max_bytes=PAGE_BYTES)
+    items = msgs[:limit]
+    if len(msgs) > limit:
+        more = True
+    elif items:  # the end, or the byte budget cut the page: one more message tells which
+        more = bool(await conv.get_messages(items[-1].id, 0, 1, max_bytes=0))
+    else:
+        more = False
+    tail = {
+        "offset": offset,
+        "limit": limit,
+        "hasMore": more,
+        "nextAfter": items[-1].id if more else None,
+    }
+    return await stream_json_page(request, [m.to_json() for m in items], tail)
+
+
+async def stream_json_page(
+    request: web.Request, items: list[dict[str, Any]], tail: dict[str, Any]
+) -> web.StreamResponse:
+    """``{"items": [...], **tail}``, encoded and written a chunk at a time: a page of big
+    messages neither stalls the event loop for its whole encoding nor needs a second copy of
+    itself in memory (a client that stops reading is dropped by the server's write timeout)."""
+    if request.method == "HEAD":  # the headers a GET would get, and no body
+        return web.Response(content_type="application/json", charset="utf-8")
+    resp = web.StreamResponse()
+    resp.content_type, resp.charset = "application/json", "utf-8"
+    await resp.prepare(request)
+    chunk = bytearray(b'{"items":[')
+    for i, item in enumerate(items):
+        if i:
+            chunk += b","
+        chunk += json.dumps(item, ensure_ascii=False).encode("utf-8", "replace")
+        if len(chunk) >= WRITE_CHUNK:
+            await resp.write(bytes(chunk))
+            chunk.clear()
+    chunk += b"]," + json.dumps(tail).encode()[1:]
+    await resp.write(bytes(chunk))
+    await resp.write_eof()
+    return resp
 
 
 @routes.get("/conversations/{id}/events")
+@event_stream
 async def conversation_events(request: web.Request) -> web.StreamResponse:
     conv = await conversation_or_404(request)
     after = resume_point(request)
@@ -256,6 +287,7 @@ async def conversation_events(request: web.Request) -> web.StreamResponse:
 
 
 @routes.get("/events")
+@event_stream
 async def agent_events(request: web.Request) -> web.StreamResponse:
     after = resume_point(request)
     agent: ChatAgent = request.app[AGENT]

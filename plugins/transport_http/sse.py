@@ -12,11 +12,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
+from email.utils import formatdate
 
 from aiohttp import web
 
 from agentik.core.events import StreamItem
+from agentik.core.streaming import LateStream
 from agentik.core.types import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -58,14 +61,62 @@ def _event_id(name: str, raw: str | None) -> int | None:
     return int(raw)
 
 
+class EventStream(LateStream):
+    """An SSE response, streamed by its hub once the handler returned it (the handler and the
+    route's middlewares do not stay in memory for the stream's hours: B8)."""
+
+    def __init__(
+        self, hub: StreamHub, request: web.Request, batches: AsyncIterator[list[StreamItem]]
+    ) -> None:
+        super().__init__(headers=HEADERS)
+        self._hub, self.request = hub, request
+        self._batches: AsyncIterator[list[StreamItem]] | None = batches
+
+    async def end(self) -> None:
+        """Close the event source (without streaming it, if it never was)."""
+        batches, self._batches = self._batches, None
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+    async def body(self) -> None:
+        """Every batch in one write, until the log ends or the client leaves."""
+        batches, hub = self._batches, self._hub
+        if batches is None:
+            return
+        hub.streams[self] = asyncio.current_task()
+        hub.beat()
+        try:
+            async for batch in batches:
+                if len(batch) == 1:
+                    await self.write(encode(batch[0]))
+                else:
+                    await self.write(b"".join(encode(item) for item in batch))
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # the client went away; the turn goes on without it
+        finally:
+            hub.streams.pop(self, None)
+            await self.end()
+
+
 class StreamHub:
     """The open SSE responses of one app and the one heartbeat that keeps them alive."""
 
     def __init__(self, interval: float, linger: float = 0.0) -> None:
         self.interval = interval
         self.linger = linger  # seconds to gather more events before a write (coalescing)
-        self.streams: dict[web.StreamResponse, tuple[web.Request, asyncio.Task[object] | None]] = {}
+        self.streams: dict[EventStream, asyncio.Task[object] | None] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._dated: tuple[int, str] = (0, "")
+
+    def _date(self) -> str:
+        """The Date header, made once a second: aiohttp makes one string per response, and
+        every open stream keeps its own."""
+        now = int(time.time())
+        if self._dated[0] != now:
+            self._dated = (now, formatdate(now, usegmt=True))
+        return self._dated[1]
 
     async def serve(
         self,
@@ -73,40 +124,31 @@ class StreamHub:
         batches: AsyncIterator[list[StreamItem]],
         after: int | None = None,
     ) -> web.StreamResponse:
-        """Stream event batches until the log ends or the client leaves; one write a batch.
-        ``after``: the event id the stream starts after, sent as the ``Last-Event-ID``
-        response header (a client that loses the connection before the first event resumes
-        from it)."""
-        headers = HEADERS if after is None else {**HEADERS, "Last-Event-ID": str(after)}
+        """The response that streams event batches until the log ends or the client leaves;
+        one write a batch. ``after``: the event id the stream starts after, sent as the
+        ``Last-Event-ID`` response header (a client that loses the connection before the first
+        event resumes from it). Its headers are sent now; the streaming happens in its
+        ``write_eof``, so the handler and the middlewares around it return at once."""
+        resp = EventStream(self, request, batches)
+        if after is not None:
+            resp.headers["Last-Event-ID"] = str(after)
+        resp.headers["Date"] = self._date()  # one string for the streams of a second
         if request.method == "HEAD":  # the headers a GET would get, and no stream
-            with contextlib.suppress(Exception):
-                await batches.aclose()  # type: ignore[attr-defined]
-            return web.Response(headers=headers)
-        resp = web.StreamResponse(headers=headers)
+            await resp.end()
+            return web.Response(headers=resp.headers)
         await resp.prepare(request)
-        self.streams[resp] = (request, asyncio.current_task())
+        return resp
+
+    def beat(self) -> None:
+        """Start the heartbeat of every stream, if it is not running."""
         if self._heartbeat is None:
             self._heartbeat = asyncio.create_task(self._beat())
-        try:
-            async for batch in batches:
-                if len(batch) == 1:
-                    await resp.write(encode(batch[0]))
-                else:
-                    await resp.write(b"".join(encode(item) for item in batch))
-        except (ConnectionError, asyncio.CancelledError):
-            pass  # the client went away; the turn goes on without it
-        finally:
-            self.streams.pop(resp, None)
-            with contextlib.suppress(Exception):
-                aclose = getattr(batches, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-        return resp
 
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            for resp, (request, task) in list(self.streams.items()):
+            for resp, task in list(self.streams.items()):
+                request = resp.request
                 transport = request.transport
                 if transport is None or transport.is_closing():
                     if task is not None:

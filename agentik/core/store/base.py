@@ -165,9 +165,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_messages(
-        self, conversation_id: str, after: str | None, offset: int, limit: int
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
-        """A page of the audit log, oldest first; ``after`` is a message id (exclusive)."""
+        """A page of the audit log, oldest first; ``after`` is a message id (exclusive). With
+        ``max_bytes`` the page ends before the message that would take the size of its
+        payloads' JSON past it (the first message always comes): a page of big messages never
+        takes more memory than that."""
 
     @abc.abstractmethod
     async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:

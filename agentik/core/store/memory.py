@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -132,7 +133,13 @@ class MemoryStore(Store):
         self._move(turn_id, update)
 
     async def list_messages(
-        self, conversation_id: str, after: str | None, offset: int, limit: int
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         msgs = self._messages.get(conversation_id, [])
         if after is not None:
@@ -140,7 +147,14 @@ class MemoryStore(Store):
             if after not in ids:
                 raise UnknownReference(f"after: no message {after!r} in this conversation")
             msgs = msgs[ids.index(after) + 1 :]
-        return msgs[offset : offset + limit]
+        page = msgs[offset : offset + limit]
+        if max_bytes is not None:
+            size = 0
+            for i, m in enumerate(page):
+                size += len(json.dumps(m.payload, ensure_ascii=False))
+                if i and size > max_bytes:
+                    return page[:i]
+        return page
 
     async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
         msgs = self._messages.get(conversation_id, [])

@@ -339,7 +339,13 @@ class SqliteStore(Store):
         await self.db.write(lambda: self._move(turn_id, update))
 
     async def list_messages(
-        self, conversation_id: str, after: str | None, offset: int, limit: int
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         def q() -> list[Message]:
             after_seq = 0
@@ -355,11 +361,16 @@ class SqliteStore(Store):
                 "SELECT id, kind, created_at, payload_json FROM message "
                 "WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?",
                 (conversation_id, after_seq, limit, offset),
-            ).fetchall()
-            return [
-                Message(r[0], conversation_id, cast(MessageKind, r[1]), dt(r[2]), json.loads(r[3]))
-                for r in rows
-            ]
+            )
+            page: list[Message] = []
+            size = 0
+            for r in rows:  # read row by row: the rest of a cut page is never loaded
+                size += len(r[3])
+                if page and max_bytes is not None and size > max_bytes:
+                    break
+                kind = cast(MessageKind, r[1])
+                page.append(Message(r[0], conversation_id, kind, dt(r[2]), json.loads(r[3])))
+            return page
 
         return await self.db.read(q)
 
