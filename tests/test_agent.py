@@ -738,8 +738,9 @@ async def test_the_turn_the_disk_filled_under_is_recorded_once_the_disk_is_back(
     conv = await agent.create_conversation()
     events = conv.events()
     msg = await conv.send(text("fill it"))
+    accepted = await asyncio.wait_for(events.__anext__(), 5)
     first = await asyncio.wait_for(events.__anext__(), 5)  # the turn streams
-    assert first.type == "StartResponse"
+    assert (accepted.type, first.type) == ("UserMessage", "StartResponse")
     db = agent.store.db
     pages = db.execute("PRAGMA page_count").fetchone()[0]
     db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from now on
