@@ -90,6 +90,7 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
         temporary_plugin,
     )
     from agentik.core.tools import Tool, ToolError, ToolSpec, tool
+    from agentik.core.turns import TurnRecord, TurnState, Wait
     from agentik.core.types import (
         AppendText,
         ContentPart,
@@ -183,6 +184,7 @@ _WHERE = {
         "agentik.core.testing",
     ),
     **dict.fromkeys(["Tool", "ToolError", "ToolSpec", "tool"], "agentik.core.tools"),
+    **dict.fromkeys(["TurnRecord", "TurnState", "Wait"], "agentik.core.turns"),
     **dict.fromkeys(
         [
             "AppendText",

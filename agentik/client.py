@@ -164,11 +164,11 @@ class _Retries:
 @dataclass(frozen=True, slots=True)
 class SentMessage(Message):
     """What :meth:`RemoteConversation.send` returns: the stored user message, and where its
-    turn stood when the server answered: ``queued``, ``running``, ``done``, ``interrupted``,
-    ``failed`` or ``cancelled``, with ``error`` the code of a failed or cancelled one. A send
-    whose first answer was lost and that was retried (same idempotency key) may find its turn
-    over already; ``failed`` with ``error == "restart"`` means a crash cut it: nothing will
-    answer it, send the message again with a new key."""
+    turn stood when the server answered: ``queued``, ``running``, ``waiting``, ``done``,
+    ``interrupted``, ``failed`` or ``cancelled``, with ``error`` the code of a failed or
+    cancelled one. A send whose first answer was lost and that was retried (same idempotency
+    key) may find its turn over already; ``failed`` with ``error == "restart"`` means a crash
+    cut it and it was not resumed: nothing will answer it, send the message again."""
 
     turn: str = "queued"
     error: str | None = None

@@ -15,10 +15,11 @@ import pluggy
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
     from agentik.core.conversation import ChatConversation
-    from agentik.core.llm import HistoryItem
+    from agentik.core.llm import HistoryItem, ToolCallRequest
     from agentik.core.registry import Register
     from agentik.core.settings import Setting, Settings
     from agentik.core.tools import Tool
+    from agentik.core.turns import Wait
 
 PROJECT = "agentik"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -182,6 +183,34 @@ def before_compaction(
     Return an awaitable to look at them first (the memory feature saves durable facts from them
     with source ``PRE_COMPACTION``). The compaction runs the returned awaitables beside its
     summary call and waits for them; a failure is logged and does not stop the compaction.
+    """
+
+
+@hookspec
+def tool_call_gate(conversation: ChatConversation, call: ToolCallRequest) -> Wait | None:
+    """Called for each tool call the model makes, before it runs: return a
+    :class:`~agentik.core.turns.Wait` to hold the call until someone answers it.
+
+    The step's calls are recorded, and its turn waits (``waiting``, durable across restarts,
+    holding no task) until every held call has an answer through
+    ``conversation.resume_turn(turn_id, call_id, answer)`` — from any transport, any time
+    later. Then the step goes on: each held call as :func:`tool_call_answer` says, the others
+    as the model made them. ``Wait(call_id, kind, request)``: ``kind`` names what asks (your
+    plugin's word, e.g. ``"approval"``), ``request`` (JSON) is what clients are shown; the
+    ``call_id`` is set for you. The first implementation that returns a wait holds the call;
+    one that raises is logged and holds nothing. Runs on the turn path: keep it cheap.
+    """
+
+
+@hookspec
+def tool_call_answer(
+    conversation: ChatConversation, call: ToolCallRequest, wait: Wait
+) -> ToolCallRequest | tuple[str, bool] | None:
+    """Called for each held call once its step goes on, with its answered ``wait``
+    (``wait.answer``): return the call to run (the model's, or one with other arguments) or
+    a result ``(text, is_error)`` the model gets instead of running it; ``None`` leaves it to
+    the next implementation, then to the default: an answer that is text, or
+    ``{"result": text, "isError": bool}``, is the call's result, any other lets it run.
     """
 
 

@@ -507,7 +507,7 @@ async def test_cancel_a_queued_task(aiohttp_client, tmp_path):
     assert items[2]["code"] == "cancelled" and items[2]["userMessageId"] == items[1]["id"]
     from agentik.core.app import AGENT
 
-    assert await client.app[AGENT].store.dangling_turns() == []
+    assert await client.app[AGENT].store.open_turns() == []
 
 
 async def test_list_tasks_paged_and_filtered(aiohttp_client, tmp_path):

@@ -656,30 +656,6 @@ async def test_a_clean_stop_runs_the_queued_messages_after_the_restart(
         assert kinds[4:] == [("error", "restart"), ("error", "restart")]
 
 
-async def test_after_a_crash_the_cut_turn_errs_and_the_queued_ones_run(make_agent, tmp_path):
-    db = str(tmp_path / "crash.db")
-    agent = await make_agent(ScriptedLLM(["slow "] * 1000, delay=0.01), db=db)
-    conv = await agent.create_conversation()
-    for body in ("one", "two", "three"):
-        await conv.send(text(body))
-    await asyncio.sleep(0.05)
-    agent.store.db.conn.close()  # the process dies: nothing more reaches the database
-    agent.store.db._conn = None
-    agent.store.db._unlock()  # and the OS drops its lock on the file
-    for c in agent._live.values():
-        c._closed = True
-    agent._closed = True
-    agent2 = await make_agent(ScriptedLLM(), db=db)
-    assert await agent2.resume() == 2
-    conv2 = await agent2.get_conversation(conv.id)
-    await conv2.wait_idle()
-    assert (await _history_kinds(conv2))[3:] == [
-        ("error", "restart"),
-        ("assistant", "echo: two"),
-        ("assistant", "echo: three"),
-    ]
-
-
 async def test_a_database_that_cannot_open_is_the_start_up_error(tmp_path):
     """Not masked by the shutdown that follows: the agent does not record a clean stop in a
     store that never opened, and the LLM client is still closed."""
@@ -706,7 +682,7 @@ async def test_a_stop_after_an_unrecorded_turn_end_is_not_clean(make_agent, tmp_
     cut off (an Error record), never run it again, so the stop is not recorded as clean."""
     import sqlite3
 
-    from agentik.core.conversation import error_record
+    from agentik.core.records import error_record
     from agentik.core.store import MemoryStore
 
     class Refusing(MemoryStore):  # a database that refuses every write for good

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pexpect
+import pytest
 
 from agentik.chat import Chat, Input, default_url
 from agentik.core.types import (
@@ -380,11 +381,18 @@ def test_a_second_viewer_sees_the_questions_too(serve, fake_openai_proc):
 # --- what networks do ----------------------------------------------------------------------------
 
 
-def test_a_chat_outlives_a_server_crash_mid_reply(serve, fake_openai_proc):
+@pytest.mark.parametrize("resume", ["1", "0"])
+def test_a_chat_outlives_a_server_crash_mid_reply(serve, fake_openai_proc, resume):
     """SIGKILL mid-reply, back after more than the old 5-second window: the chat keeps
-    reconnecting and says for how long, finishes the cut turn from the history once the
-    server is back, and goes on; the restart alone is no "events were missed"."""
-    env = openai_env(fake_openai_proc, AGENTIK_PORT=str(free_port()))
+    reconnecting and says for how long, shows how the cut turn ends once the server is back
+    (it runs again; with AGENTIK_RESUME_TURNS=0 it is closed with a restart error, read from
+    the history), and goes on; the restart alone is no "events were missed"."""
+    env = openai_env(fake_openai_proc, AGENTIK_PORT=str(free_port()), AGENTIK_RESUME_TURNS=resume)
+    cut = (
+        r"echo: talk\r\n"
+        if resume == "1"
+        else r"\[error: the turn was cut off by a server restart \(restart\)\]"
+    )
     proc, base = serve(env)
     child = spawn("--url", base, "--new")
     try:
@@ -399,7 +407,7 @@ def test_a_chat_outlives_a_server_crash_mid_reply(serve, fake_openai_proc):
         proc, _ = serve(env)
         child.expect(r"\[reconnected after (\d+)s\]", timeout=30)
         assert int(child.match.group(1)) >= 5
-        child.expect(r"\[error: the turn was cut off by a server restart \(restart\)\]")
+        child.expect(cut)
         child.expect("you> ")
         child.sendline("are you back")
         child.expect("agent> echo: are you back\r\n")
@@ -416,7 +424,7 @@ def test_a_chat_outlives_a_server_crash_mid_reply(serve, fake_openai_proc):
         assert "missed" not in child.before
         child.sendline("/history")
         child.expect("you: talk")
-        child.expect(r"\[error: the turn was cut off by a server restart \(restart\)\]")
+        child.expect(cut)
         child.expect("you: still here")
         child.expect("you> ")
         child.sendline("/quit")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -11,11 +12,12 @@ import pytest
 from agentik import hookimpl
 from agentik.core.app import AGENT, registries
 from agentik.core.cli import banner
-from agentik.core.llm import HistoryItem
+from agentik.core.llm import HistoryItem, ToolCallRequest
 from agentik.core.plugins import Plugins
 from agentik.core.settings import Setting, parse_positive_int
 from agentik.core.testing import ScriptedLLM, make_app, test_plugins
 from agentik.core.tools import tool
+from agentik.core.turns import TurnState, Wait
 from agentik.core.types import TextPart
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugin_hooks.md"
@@ -214,6 +216,85 @@ async def test_hook_after_turn(aiohttp_client):
     await run_turn(app, "how are you")
     await asyncio.wait_for(reviewed.wait(), 5)
     assert seen == [("how are you", "fine")]
+
+
+async def test_hook_tool_call_gate(aiohttp_client):
+    """A held call makes its turn wait, with no task, until resume_turn answers it; then it
+    runs."""
+    ran: list[dict] = []
+
+    @tool
+    def launch(target: str) -> str:
+        ran.append({"target": target})
+        return f"launched at {target}"
+
+    class Gate:
+        @hookimpl
+        def tool_call_gate(self, conversation, call):
+            return Wait("", "approval", {"tool": call.name}) if call.name == "launch" else None
+
+    llm = ScriptedLLM([ToolCallRequest("c1", "launch", '{"target": "moon"}')], ["done"])
+    app = make_app(llm=llm, plugins=[("gate", Gate()), ("t", _tools(launch))])
+    await aiohttp_client(app)
+    conv = await run_turn(app, "go")
+    turn = (await conv.store.open_turns(conv.id))[0]
+    assert turn.state is TurnState.WAITING and ran == [] and not conv.inbox.running
+    assert [(w.call_id, w.kind, w.request) for w in turn.waits] == [
+        ("c1", "approval", {"tool": "launch"})
+    ]
+    await conv.resume_turn(turn.id, "c1", {"approve": True})
+    await conv.wait_idle()
+    assert ran == [{"target": "moon"}]
+    assert (await conv.turn(turn.id)).state is TurnState.DONE
+
+
+async def test_hook_tool_call_answer(aiohttp_client):
+    """The answer's verdict: a call with other arguments, or a result instead of the call."""
+    ran: list[str] = []
+
+    @tool
+    def launch(target: str) -> str:
+        ran.append(target)
+        return f"launched at {target}"
+
+    class Gate:
+        @hookimpl
+        def tool_call_gate(self, call):
+            return Wait("", "approval")
+
+        @hookimpl
+        def tool_call_answer(self, call, wait):
+            if wait.answer == "deny":
+                return "Denied by a person.", True
+            return ToolCallRequest(call.call_id, call.name, json.dumps({"target": wait.answer}))
+
+    calls = [ToolCallRequest("a", "launch", '{"target": "moon"}'),
+             ToolCallRequest("b", "launch", '{"target": "sun"}')]  # fmt: skip
+    llm = ScriptedLLM(calls, ["done"])
+    app = make_app(llm=llm, plugins=[("gate", Gate()), ("t", _tools(launch))])
+    await aiohttp_client(app)
+    conv = await run_turn(app, "go")
+    turn = (await conv.store.open_turns(conv.id))[0]
+    await conv.resume_turn(turn.id, "b", "deny")
+    assert (await conv.turn(turn.id)).state is TurnState.WAITING  # a still waits
+    await conv.resume_turn(turn.id, "a", "mars")
+    await conv.wait_idle()
+    assert ran == ["mars"]
+    results = [m.payload for m in await conv.get_messages() if m.kind == "tool_result"]
+    assert [(r["callId"], r["text"], r["isError"]) for r in results] == [
+        ("a", "launched at mars", False),
+        ("b", "Denied by a person.", True),
+    ]
+
+
+def _tools(*tools):
+    class Tools:
+        @hookimpl
+        def register_tools(self, register):
+            for t in tools:
+                register(t)
+
+    return Tools()
 
 
 async def test_hook_before_compaction(aiohttp_client, caplog):

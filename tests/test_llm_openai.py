@@ -21,7 +21,6 @@ from aiohttp import web
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
 from agentik.core.cli import token_counts
-from agentik.core.conversation import INTERRUPTED_MARK
 from agentik.core.llm import (
     CONTEXT_LENGTH,
     HistoryItem,
@@ -38,6 +37,7 @@ from agentik.core.llm import (
     UserInput,
 )
 from agentik.core.registry import BackendRegistry
+from agentik.core.runner import INTERRUPTED_MARK
 from agentik.core.settings import Settings, SettingsError
 from agentik.core.store import MemoryStore, TokenStats
 from agentik.core.tools import ToolRegistry, ToolSpec, tool

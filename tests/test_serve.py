@@ -127,10 +127,12 @@ async def idle(session, base: str, cid: str) -> None:
     raise AssertionError("the conversation stayed busy")
 
 
-async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc, tmp_path):
+@pytest.mark.parametrize("resume", ["1", "0"])
+async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc, tmp_path, resume):
     """Turn 1 completes while 2 and 3 wait behind it; SIGKILL during turn 2. After the restart
-    turn 2 is closed with a restart error and turn 3, which never started, runs."""
-    env = openai_env(fake_openai_proc)
+    turn 2 runs again (it had recorded nothing), or with AGENTIK_RESUME_TURNS=0 it is closed
+    with a restart error; turn 3, which never started, runs."""
+    env = openai_env(fake_openai_proc, AGENTIK_RESUME_TURNS=resume)
     proc, base = serve(env)
     await script_fake(
         fake_openai_proc,
@@ -158,8 +160,12 @@ async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc
         await idle(s, base, cid)
         items = await history(s, base, cid)
         kinds = [m["type"] for m in items]
-        assert kinds == ["user", "user", "user", "assistant", "error", "assistant"]
-        assert items[4]["userMessageId"] == acked[1] and items[4]["code"] == "restart"
+        if resume == "1":
+            assert kinds == ["user", "user", "user", "assistant", "assistant", "assistant"]
+            assert items[4]["text"] == "echo: two"
+        else:
+            assert kinds == ["user", "user", "user", "assistant", "error", "assistant"]
+            assert items[4]["userMessageId"] == acked[1] and items[4]["code"] == "restart"
         assert items[5]["text"] == "echo: three"
         events = await s.get(f"{base}/agentik/conversations/{cid}/events")
         await post_message(s, base, cid, [{"type": "text", "body": "after the crash"}])
@@ -168,10 +174,13 @@ async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc
         assert "".join(f["data"].get("text", "") for f in frames) == "echo: after the crash"
         async with s.get(fake_openai_proc.removesuffix("/v1") + "/_fake/requests") as r:
             sent = (await r.json())[-1]["messages"]
-    # the model's context was rebuilt from working memory: turns 1 and 3, not the cut turn
+    # the model's context was rebuilt from working memory: a turn cut off by the restart is in
+    # it only when it ran again
+    again = [("user", "two"), ("assistant", "echo: two")] if resume == "1" else []
     assert [(m["role"], m["content"]) for m in sent[1:]] == [
         ("user", "one"),
         ("assistant", "first answer " * 10),
+        *again,
         ("user", "three"),
         ("assistant", "echo: three"),
         ("user", "after the crash"),

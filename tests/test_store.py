@@ -1,4 +1,5 @@
-"""Persistence (F2): the SQLite store on real files, read back with the sqlite3 module."""
+"""Persistence (F2): what the SQLite store does beyond the store contract (tests/store_contract.py),
+on real files read back with the sqlite3 module: WAL, fsyncs, the append-only log, migration."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 
 from agentik.core.db import Database, DatabaseInUse
 from agentik.core.llm import HistoryItem
-from agentik.core.store import MemoryStore, SqliteStore, utcnow
-from agentik.core.types import ConversationInfo, InvalidInput, Message
+from agentik.core.store import SqliteStore, utcnow
+from agentik.core.turns import TurnState
+from agentik.core.types import ConversationInfo, Message
 
 
 @pytest.fixture
@@ -61,54 +63,6 @@ async def test_message_log_is_append_only(store, tmp_path):
         raw.execute("UPDATE message SET kind = 'assistant'")
 
 
-async def test_paging_with_after_offset_and_limit(store):
-    await store.create_conversation(conv())
-    await store.append("c1", [msg(f"m{i}") for i in range(10)])
-    assert [m.id for m in await store.list_messages("c1", None, 0, 3)] == ["m0", "m1", "m2"]
-    assert [m.id for m in await store.list_messages("c1", None, 8, 5)] == ["m8", "m9"]
-    assert [m.id for m in await store.list_messages("c1", "m6", 0, 50)] == ["m7", "m8", "m9"]
-    assert [m.id for m in await store.list_messages("c1", "m6", 1, 1)] == ["m8"]
-    with pytest.raises(InvalidInput):
-        await store.list_messages("c1", "nope", 0, 5)
-
-
-async def test_working_memory_append_list_clear_and_rollback(store):
-    await store.create_conversation(conv())
-    await store.append(
-        "c1", memory=[HistoryItem("user", "a"), HistoryItem("assistant", "b")], turn_id="t1"
-    )
-    await store.append(
-        "c1",
-        memory=[
-            HistoryItem("user", "c"),
-            HistoryItem("tool_call", call_id="x", tool_name="f", args_json="{}"),
-        ],
-        turn_id="t2",
-    )
-    rows = await store.list_memory("c1")
-    assert [r.order_idx for r in rows] == [0, 1, 2, 3]
-    assert rows[3].item == HistoryItem("tool_call", call_id="x", tool_name="f", args_json="{}")
-    await store.fail_turn("c1", "t2", msg("e2", "error", message="boom"))
-    assert [r.item.text for r in await store.list_memory("c1")] == ["a", "b"]
-    assert [m.kind for m in await store.list_messages("c1", None, 0, 5)] == ["error"]
-    await store.clear_memory("c1")
-    assert await store.list_memory("c1") == []
-
-
-async def test_compact_is_atomic_and_keeps_order(store):
-    await store.create_conversation(conv())
-    await store.append("c1", memory=[HistoryItem("user", str(i)) for i in range(6)])
-    await store.compact_memory("c1", 4, HistoryItem("summary", "S"))
-    rows = await store.list_memory("c1")
-    assert [(r.item.role, r.item.text) for r in rows] == [
-        ("summary", "S"),
-        ("user", "4"),
-        ("user", "5"),
-    ]
-    await store.append("c1", memory=[HistoryItem("user", "6")])
-    assert [r.item.text for r in await store.list_memory("c1")][-1] == "6"
-
-
 async def test_delete_cascades(store, tmp_path):
     await store.create_conversation(conv())
     await store.append("c1", [msg("m1")], [HistoryItem("user", "a")])
@@ -127,37 +81,6 @@ async def test_a_failed_transaction_writes_nothing(store):
     assert await store.list_memory("c1") == []
 
 
-async def test_dangling_turns_and_token_stats(store):
-    """A turn ends with an assistant or error record of its own; queued turns behind a
-    finished one (u2 here was sent while u1 ran) are dangling too."""
-    await store.create_conversation(conv("a"))
-    await store.create_conversation(conv("b"))
-    await store.append("a", [msg("u1", cid="a")], turn_id="u1")
-    await store.append("a", [msg("u2", cid="a")], turn_id="u2")
-    tokens = {"input": 10, "output": 4}
-    await store.append("a", [msg("r1", "assistant", cid="a", tokens=tokens)], turn_id="u1")
-    await store.append("a", [msg("u3", cid="a")], turn_id="u3")
-    await store.append("b", [msg("u4", cid="b")], turn_id="u4")
-    await store.fail_turn("b", "u4", msg("e4", "error", cid="b"))
-    assert [(m.conversation_id, m.id) for m in await store.dangling_turns()] == [
-        ("a", "u2"),
-        ("a", "u3"),
-    ]
-    stats = await store.token_stats()
-    assert (stats.turns, stats.input, stats.output, stats.uncounted) == (1, 10, 4, 0)
-    assert (await store.token_stats("b")).turns == 0
-    unknown = {"input": None, "output": None}
-    await store.append("a", [msg("r3", "assistant", cid="a", tokens=unknown)], turn_id="u3")
-    stats = await store.token_stats()
-    assert (stats.turns, stats.input, stats.output, stats.uncounted) == (2, 10, 4, 1)
-
-
-async def test_concurrent_writers_never_see_database_is_locked(store):
-    await store.create_conversation(conv())
-    await asyncio.gather(*(store.append("c1", [msg(f"m{i}")]) for i in range(200)))
-    assert len(await store.list_messages("c1", None, 0, 500)) == 200
-
-
 async def test_in_memory_database_works(tmp_path):
     s = SqliteStore(Database(":memory:"))
     await s.open()
@@ -167,18 +90,6 @@ async def test_in_memory_database_works(tmp_path):
     await s.close()
 
 
-async def test_memory_store_matches_sqlite_semantics():
-    s = MemoryStore()
-    await s.create_conversation(conv())
-    await s.append("c1", [msg(f"m{i}") for i in range(4)], [HistoryItem("user", "a")], turn_id="t")
-    assert [m.id for m in await s.list_messages("c1", "m1", 0, 10)] == ["m2", "m3"]
-    await s.compact_memory("c1", 1, HistoryItem("summary", "S"))
-    assert [r.item.role for r in await s.list_memory("c1")] == ["summary"]
-    await s.fail_turn("c1", "t", msg("e", "error"))
-    assert len(await s.list_memory("c1")) == 1
-    assert (await s.list_messages("c1", None, 0, 10))[-1].kind == "error"
-
-
 async def test_a_durable_append_leaves_the_connection_in_normal_mode(store):
     await store.create_conversation(conv())
     modes = []
@@ -186,23 +97,6 @@ async def test_a_durable_append_leaves_the_connection_in_normal_mode(store):
     modes.append(await store.db.read(lambda: store.db.execute("PRAGMA synchronous").fetchone()[0]))
     assert modes == [1]  # NORMAL again: only the acknowledged write paid for the fsync
     assert [m.id for m in await store.list_messages("c1", None, 0, 5)] == ["m1"]
-
-
-@pytest.mark.parametrize("kind", ["sqlite", "memory"])
-async def test_recent_turns_starts_at_a_user_message(store, kind):
-    s = store if kind == "sqlite" else MemoryStore()
-    await s.create_conversation(conv())
-    await s.create_conversation(conv("c2"))
-    await s.append("c2", [msg("other", cid="c2")])
-    records = []
-    for t in range(3):
-        records += [msg(f"u{t}"), msg(f"tc{t}", "tool_call"), msg(f"a{t}", "assistant")]
-    await s.append("c1", records)
-    assert [m.id for m in await s.recent_turns("c1", 2)] == ["u1", "tc1", "a1", "u2", "tc2", "a2"]
-    assert len(await s.recent_turns("c1", 3)) == 9
-    assert len(await s.recent_turns("c1", 30)) == 9  # fewer turns than asked: all of them
-    assert [m.id for m in await s.recent_turns("c1", 1)] == ["u2", "tc2", "a2"]
-    assert await s.recent_turns("nobody", 5) == []
 
 
 async def test_durable_writes_share_fsyncs_and_each_waits_for_one_after_its_commit(tmp_path):
@@ -267,21 +161,76 @@ asyncio.run(main())
     assert "stored ['m1']" in out.stdout
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "memory"])
-async def test_turn_end_is_the_record_that_closed_a_turn(tmp_path, kind):
-    store = SqliteStore(Database(str(tmp_path / "t.db"))) if kind == "sqlite" else MemoryStore()
+OLD_SCHEMA = """
+CREATE TABLE conversation (id TEXT PRIMARY KEY, title TEXT, created_at TEXT, updated_at TEXT);
+CREATE TABLE message (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE,
+  conversation_id TEXT, kind TEXT, turn_id TEXT, created_at TEXT, payload_json TEXT);
+CREATE TABLE working_memory (id INTEGER PRIMARY KEY, conversation_id TEXT, order_idx INTEGER,
+  turn_id TEXT, role TEXT, payload_json TEXT, created_at TEXT);
+CREATE TABLE idempotency_key (conversation_id TEXT, key TEXT, message_id TEXT,
+  PRIMARY KEY (conversation_id, key));
+"""
+
+
+async def test_a_database_from_before_the_turn_table_gets_its_turns(tmp_path):
+    """Every user message becomes a turn whose state its records tell: done, interrupted
+    (cancelled), failed, cancelled before it started, cut while running (steps in working
+    memory) or never started; the idempotency keys move onto the turns."""
+    path = tmp_path / "old.db"
+    t = utcnow().isoformat()
+    user = '{"content": [{"type": "text", "body": "hi"}]}'
+    with sqlite3.connect(path) as raw:
+        raw.executescript(OLD_SCHEMA)
+        raw.execute("INSERT INTO conversation VALUES ('c', NULL, ?, ?)", (t, t))
+        ends = {
+            "u1": ("assistant", '{"text": "ok"}'),
+            "u2": ("assistant", '{"text": "o", "interrupted": true}'),
+            "u3": ("error", '{"message": "boom", "code": "http_500"}'),
+            "u4": ("error", '{"message": "no", "code": "cancelled"}'),
+        }
+        for n in range(1, 7):
+            uid = f"u{n}"
+            raw.execute(
+                "INSERT INTO message (id, conversation_id, kind, turn_id, created_at, "
+                "payload_json) VALUES (?, 'c', 'user', ?, ?, ?)",
+                (uid, uid, t, user),
+            )
+            if uid in ends:
+                kind, payload = ends[uid]
+                raw.execute(
+                    "INSERT INTO message (id, conversation_id, kind, turn_id, created_at, "
+                    "payload_json) VALUES (?, 'c', ?, ?, ?, ?)",
+                    (f"end-{uid}", kind, uid, t, payload),
+                )
+        raw.execute(
+            "INSERT INTO working_memory (conversation_id, order_idx, turn_id, role, "
+            "payload_json, created_at) VALUES ('c', 0, 'u5', 'tool_call', '{}', ?)",
+            (t,),
+        )
+        raw.execute("INSERT INTO idempotency_key VALUES ('c', 'key-1', 'u1')")
+    store = SqliteStore(Database(str(path)))
     await store.open()
-    now = utcnow()
-    await store.create_conversation(ConversationInfo("c", None, False, now, now))
-    for turn in ("u1", "u2"):
-        await store.add_user_message(Message(turn, "c", "user", now, {"content": []}))
-    assert await store.turn_end("u1") is None  # still running or waiting
-    await store.append(
-        "c", [Message("a1", "c", "assistant", now, {"text": "hi"})], turn_id="u1", touch=now
+    states = {n: (await store.get_turn(f"u{n}")).state for n in range(1, 7)}
+    assert states == {
+        1: TurnState.DONE,
+        2: TurnState.CANCELLED,
+        3: TurnState.FAILED,
+        4: TurnState.CANCELLED,
+        5: TurnState.RUNNING,
+        6: TurnState.QUEUED,
+    }
+    assert [r.id for r in await store.open_turns()] == ["u5", "u6"]
+    retry = await store.add_user_message(
+        Message("again", "c", "user", utcnow(), {}), idempotency_key="key-1"
     )
-    await store.fail_turn("c", "u2", Message("e2", "c", "error", now, {"message": "boom"}))
-    assert (await store.turn_end("u1")).payload == {"text": "hi"}
-    assert (await store.turn_end("u2")).kind == "error"
+    assert retry.id == "u1" and retry.state is TurnState.DONE
+    await store.close()
+    with sqlite3.connect(path) as raw:
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "idempotency_key" not in tables and "turn" in tables
+    store = SqliteStore(Database(str(path)))  # and once more: nothing is done twice
+    await store.open()
+    assert len(await store.open_turns()) == 2
     await store.close()
 
 

@@ -10,28 +10,24 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from agentik.core.conversation import (
-    RESTART_ERROR,
-    ChatConversation,
-    ConversationClosed,
-    PromptSection,
-    error_record,
-    new_id,
-    unwrap_events,
-)
+from agentik.core.conversation import ChatConversation, ConversationClosed, PromptSection
 from agentik.core.embedding import EmbeddingBackend
-from agentik.core.events import EventIds, EventLog, StreamItem
+from agentik.core.events import EventIds, EventLog, StreamItem, unwrap
 from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
-from agentik.core.llm import HistoryItem, LLMBackend
+from agentik.core.llm import HistoryItem, LLMBackend, ToolCallRequest
 from agentik.core.memory import MemoryBackend
 from agentik.core.plugins import call_each
-from agentik.core.store import MemoryStore, Store, utcnow
+from agentik.core.records import error_record, new_id, utcnow
+from agentik.core.runner import RESTART_ERROR
+from agentik.core.store import MemoryStore, Store
 from agentik.core.tools import ToolRegistry
+from agentik.core.turns import TurnRecord, TurnState, Wait
 from agentik.core.types import AgentEvent, ConversationInfo, Event, InvalidInput, Message
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
@@ -39,7 +35,7 @@ __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
-CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every running turn
+CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every turn it ran
 EVENT_IDS = "event_ids"  # agent state: no event id above it was issued (persisted ahead of use)
 EVENT_ID_BLOCK = 1 << 16  # event ids reserved by one write of EVENT_IDS
 #: seconds between tries to record the ends of turns the database refused (a full disk)
@@ -61,6 +57,7 @@ class ChatAgent:
         max_live: int = 256,
         agent_id: str = "agentik",
         resume_queued: bool = True,
+        resume_turns: bool = True,
         memory: MemoryBackend | None = None,
         embedding: EmbeddingBackend | None = None,
         before_turn_timeout: float | None = None,
@@ -96,49 +93,51 @@ class ChatAgent:
         self._event_mark = 0  # the EVENT_IDS persisted last
         self._events = EventLog(event_buffer, self.event_ids)
         self.resume_queued = resume_queued
+        self.resume_turns = resume_turns
         self._opened = self._closed = False
         #: the server stops: no turn starts any more (messages sent now wait for the next start)
         self.stopping = False
         #: the Error records of turns whose end the database refused, with their store, oldest
         #: first: written once it takes writes again; while any is left a stop is not clean
         self._unrecorded: list[tuple[Store, Message]] = []
-        #: acknowledged messages whose turns never started before the last stop, by conversation
-        self._unstarted: dict[str, list[Message]] = {}
+        #: conversations with turns the last stop left to run (queued, or cut while running)
+        self._to_resume: list[str] = []
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def open(self) -> int:
-        """Open the store and close the turns a stop cut off; returns how many were closed.
+        """Open the store and settle the turns the last stop left open; returns how many it
+        closed.
 
-        After a crash, a conversation's first unfinished turn is the one that ran (turns run
-        one at a time): it is closed with a ``restart`` Error record. The messages queued
-        behind it never started, nor did any after a clean stop (which records the end of the
-        turns it stops): :meth:`resume` runs them (with ``resume_queued`` off they are closed
-        the same way)."""
+        Queued turns run again (:meth:`resume`), unless ``resume_queued`` is off. A turn a crash
+        cut while it ran resumes from its last recorded step, unless ``resume_turns`` is off:
+        then it ends with a ``restart`` Error record — and so does, after a stop that was not
+        clean, the first queued turn of each conversation (the one that was running, before its
+        first step was recorded). Waiting turns wait on, in the store: nothing of them is
+        loaded until they are answered."""
         await self.store.open()
         self._opened = True
         await self._open_event_ids()
         clean = await self.store.read_state(CLEAN_STOP) is not None
         await self.store.write_state(CLEAN_STOP, None)
-        cut: list[Message] = []
-        for msg in await self.store.dangling_turns():
-            queued = self._unstarted.get(msg.conversation_id)
-            if queued is None and not clean:
-                self._unstarted[msg.conversation_id] = []
-                cut.append(msg)
-            elif self.resume_queued:
-                self._unstarted.setdefault(msg.conversation_id, []).append(msg)
-            else:
-                cut.append(msg)
-        for msg in cut:
+        cut, heads = 0, set()
+        for record in await self.store.open_turns():
+            head = record.conversation_id not in heads
+            heads.add(record.conversation_id)
+            ran = record.state is TurnState.RUNNING or (head and not clean)
+            resumed = self.resume_turns if ran else self.resume_queued
+            if record.state is TurnState.WAITING or resumed:
+                if record.state is not TurnState.WAITING:
+                    self._to_resume.append(record.conversation_id)
+                continue
+            cid = record.conversation_id
             await self.store.fail_turn(
-                msg.conversation_id,
-                msg.id,
-                error_record(msg.conversation_id, msg.id, RESTART_ERROR, "restart"),
+                cid, record.id, error_record(cid, record.id, RESTART_ERROR, "restart")
             )
+            cut += 1
         if cut:
-            log.warning("closed %d turn(s) cut off by a restart", len(cut))
-        return len(cut)
+            log.warning("closed %d turn(s) cut off by a restart", cut)
+        return cut
 
     async def _open_event_ids(self) -> None:
         """Start the event counter above every id the last process may have issued."""
@@ -158,17 +157,17 @@ class ChatAgent:
         self.event_ids.reserved(mark, EVENT_ID_BLOCK)
 
     async def resume(self) -> int:
-        """Run the acknowledged messages whose turns never started before the last stop, in
-        order (called once the tools are up); returns how many were queued."""
-        unstarted, self._unstarted = self._unstarted, {}
+        """Take up the turns the last stop left to run, in order (called once the tools are
+        up); returns how many."""
+        turns, self._to_resume = Counter(self._to_resume), []
         count = 0
-        for conversation_id, messages in unstarted.items():
-            conv = await self.get_conversation(conversation_id) if messages else None
+        for conversation_id, n in turns.items():
+            conv = await self.get_conversation(conversation_id)
             if conv is not None:
-                conv.requeue(messages)
-                count += len(messages)
+                conv.inbox.start()
+                count += n
         if count:
-            log.info("running %d message(s) queued before the restart", count)
+            log.info("taking up %d turn(s) left by the last stop", count)
         return count
 
     async def stop_turns(self) -> None:
@@ -176,11 +175,12 @@ class ChatAgent:
         recorded its end, so its listeners get Interrupted and End before their streams close;
         then record that the stop is clean. Queued messages, and those sent from now on, stay
         in the database and run after the next start (unless ``resume_queued`` is off): a stop
-        never closes them, even if the process is killed before it exits."""
+        never closes them, even if the process is killed before it exits. A waiting turn waits
+        on (it holds nothing)."""
         self.stopping = True
-        busy = [conv for conv in self._live.values() if conv.busy]
+        busy = [conv for conv in self._live.values() if conv.inbox.running]
         for conv in busy:
-            conv.interrupt()
+            conv.runner.interrupt()
         await asyncio.gather(*(conv.wait_idle() for conv in busy))
         await self._mark_clean_stop()
 
@@ -196,7 +196,7 @@ class ChatAgent:
     def end_streams(self) -> None:
         """End every live event stream (shutdown): SSE handlers return, clients disconnect."""
         for conv in self._live.values():
-            conv._events.close()
+            conv.log.close()
         self._events.close()
 
     @property
@@ -298,13 +298,20 @@ class ChatAgent:
         if conv is not None:
             self._live.move_to_end(conversation_id)
             return conv
-        info = await self.temp_store.get_conversation(
-            conversation_id
-        ) or await self.store.get_conversation(conversation_id)
+        info = await self.temp_store.get_conversation(conversation_id)
+        turns: list[TurnRecord] = []
+        if info is None:
+            info = await self.store.get_conversation(conversation_id)
+            if info is not None:
+                turns = await self.store.open_turns(conversation_id)
         if info is None or conversation_id in self._deleting:
             return None
         conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
-        return conv if conv is not None else self._remember(ChatConversation(self, info))
+        return conv if conv is not None else self._remember(ChatConversation(self, info, turns))
+
+    def live_conversation(self, conversation_id: str) -> ChatConversation | None:
+        """The conversation's object if it is in memory now (no load)."""
+        return self._live.get(conversation_id)
 
     def _remember(self, conv: ChatConversation) -> ChatConversation:
         self._live[conv.id] = conv
@@ -329,7 +336,7 @@ class ChatAgent:
         for cid, conv in list(self._live.items()):
             if conv.idle and cid != keep:
                 del self._live[cid]
-                conv._evict()
+                conv.evict()
                 excess -= 1
                 if excess == 0:
                     return
@@ -364,7 +371,7 @@ class ChatAgent:
         """Agent-level events (``AgentEvent``: a conversation created, updated, deleted, a turn
         started or ended; ``UserMessage``: a message accepted in a conversation) after
         ``after``; None: from this call on."""
-        return unwrap_events(self.event_items(after))
+        return unwrap(self.event_items(after))
 
     @property
     def last_event_id(self) -> int:
@@ -465,6 +472,38 @@ class ChatAgent:
         for (plugin, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 log_failure(f"before_compaction of plugin {plugin} in {conv.id}", outcome)
+
+    def tool_gates(self, conv: ChatConversation, calls: list[ToolCallRequest]) -> tuple[Wait, ...]:
+        """What the ``tool_call_gate`` hooks hold of a step's tool calls (one wait per call at
+        most; a gate that raises is logged and holds nothing)."""
+        if self.hooks is None or not self.hooks.tool_call_gate.get_hookimpls():
+            return ()
+        waits = []
+        for call in calls:
+            for _, wait in self._call_each("tool_call_gate", conv, call=call):
+                if isinstance(wait, Wait):
+                    waits.append(replace(wait, call_id=call.call_id))
+                    break
+        return tuple(waits)
+
+    def tool_answer(
+        self, conv: ChatConversation, call: ToolCallRequest, wait: Wait
+    ) -> ToolCallRequest | tuple[str, bool]:
+        """What an answered wait makes of its call: the ``tool_call_answer`` hook's verdict (a
+        call to run, its arguments perhaps changed, or a result), else the default: an answer
+        that is text, or ``{"result": text, "isError": bool}``, is the call's result; any
+        other answer lets the call run as the model made it."""
+        for _, verdict in self._call_each("tool_call_answer", conv, call=call, wait=wait):
+            if isinstance(verdict, ToolCallRequest):
+                return verdict
+            if isinstance(verdict, tuple) and len(verdict) == 2:
+                return str(verdict[0]), bool(verdict[1])
+        answer = wait.answer
+        if isinstance(answer, str):
+            return answer, False
+        if isinstance(answer, dict) and isinstance(answer.get("result"), str):
+            return answer["result"], bool(answer.get("isError", False))
+        return call
 
     def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:
         results = self._call_each(

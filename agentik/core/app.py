@@ -15,6 +15,7 @@ import logging
 import re
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import peewee
@@ -41,6 +42,7 @@ from agentik.core.plugins import (
 )
 from agentik.core.plugins import StartupError as StartupError  # defined beside PluginError
 from agentik.core.registry import BackendError, BackendRegistry
+from agentik.core.responses import error_response
 from agentik.core.settings import Setting, SettingPrefix, Settings, SettingsError
 from agentik.core.store import SqliteStore
 from agentik.core.tools import Tool, ToolRegistry
@@ -231,7 +233,7 @@ def collect_tools(plugins: Plugins, settings: Settings) -> ToolRegistry:
                 raise TypeError(
                     f"register() takes a Tool (see agentik.core.tools.tool), not {type(t).__name__}"
                 )
-            registry.add(Tool(t.spec, t.fn, plugin))
+            registry.add(replace(t, plugin=plugin))
 
         try:
             call_impl(
@@ -325,6 +327,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         event_buffer=settings["AGENTIK_EVENT_BUFFER"],
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
+        resume_turns=settings["AGENTIK_RESUME_TURNS"],
         memory=memory,
         embedding=embeddings[0] if embeddings else None,
     )
@@ -402,15 +405,6 @@ def body_in_time(seconds: float, trouble: TroubleLog) -> Any:
         return await handler(request)  # type: ignore[no-any-return]
 
     return in_time
-
-
-def error_response(
-    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    keep = {k: v for k, v in (headers or {}).items() if k.lower() in ("allow", "retry-after")}
-    return web.json_response(
-        {"error": {"code": code, "message": message}}, status=status, headers=keep
-    )
 
 
 def create_app(

@@ -181,7 +181,14 @@ CORE_SETTINGS = (
         True,
         parse_bool,
         "After a restart, run the acknowledged messages whose turns never started, in order "
-        "(0: close them with a `restart` Error record like the turn the stop cut off).",
+        "(0: close them with a `restart` Error record).",
+    ),
+    Setting(
+        "AGENTIK_RESUME_TURNS",
+        True,
+        parse_bool,
+        "After a crash, resume a turn that was running from its last recorded step (a tool "
+        "whose result was recorded never runs twice); 0: close it with a `restart` Error record.",
     ),
     Setting(
         "AGENTIK_SHUTDOWN_TIMEOUT",

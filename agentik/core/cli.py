@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentik.core.errors import fail
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -194,29 +196,6 @@ def _port(raw: str) -> int:
         return parse_port(raw)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{raw!r} {e}") from None
-
-
-def fail(message: str, error: BaseException | None = None, *, traceback: bool = False) -> int:
-    """One line on stderr and exit status 2; the traceback of the plugin code behind it only
-    with ``AGENTIK_STRICT_PLUGINS=1`` or debug logging."""
-    if error is not None and (traceback or _wants_traceback()):
-        import traceback as tb
-
-        cause = error.__cause__ or error
-        tb.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
-    print(f"agentik: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _wants_traceback() -> bool:
-    from agentik.core.settings import parse_bool
-
-    strict = os.environ.get("AGENTIK_STRICT_PLUGINS", "").strip()
-    try:
-        strict_on = bool(strict) and parse_bool(strict)
-    except ValueError:
-        strict_on = False
-    return strict_on or os.environ.get("AGENTIK_LOG_LEVEL", "").strip().lower() == "debug"
 
 
 def _bootstrap() -> tuple[Plugins, Settings]:

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Callable
 from itertools import islice
 from typing import Any
 
-from agentik.core.types import Event, Gap
+from agentik.core.types import End, Event, Gap
 
 
 class StreamItem:
@@ -47,6 +47,30 @@ async def flatten(
                 yield item
     finally:
         await batches.aclose()  # now, not when the garbage collector gets to it
+
+
+async def unwrap(items: AsyncGenerator[StreamItem, None]) -> AsyncGenerator[Event, None]:
+    """The events of stream items."""
+    try:
+        async for item in items:
+            yield item.event
+    finally:
+        await items.aclose()
+
+
+async def one_turn(
+    batches: AsyncGenerator[list[StreamItem], None], turn_id: str
+) -> AsyncGenerator[list[StreamItem], None]:
+    """The items of one turn in ``batches`` (and any Gap), through that turn's End."""
+    try:
+        async for batch in batches:
+            mine = [i for i in batch if i.turn_id == turn_id or isinstance(i.event, Gap)]
+            if mine:
+                yield mine
+            if any(isinstance(i.event, End) and i.turn_id == turn_id for i in mine):
+                return
+    finally:
+        await batches.aclose()
 
 
 class EventIds:

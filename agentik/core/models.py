@@ -67,19 +67,31 @@ class WorkingMemory(BaseModel):
         indexes = ((("conversation", "order_idx"), False),)
 
 
-class IdempotencyKey(BaseModel):
-    """A client's key for a user message, so a retried send stores nothing twice."""
+class Turn(BaseModel):
+    """A turn as durable state (agentik.core.turns): one per user message, written with it.
 
-    # no index of its own: the primary key starts with it
+    ``seq`` orders a conversation's turns (its FIFO); ``idempotency_key`` is the client's key
+    for the send, so a retried send stores nothing twice; ``waits_json`` is what a waiting turn
+    waits for."""
+
+    seq = peewee.AutoField()
+    id = peewee.TextField(unique=True)  # the user message's id
     conversation = peewee.ForeignKeyField(
         Conversation, column_name="conversation_id", on_delete="CASCADE", index=False
     )
-    key = peewee.TextField()
-    message_id = peewee.TextField()
+    state = peewee.TextField()
+    step = peewee.IntegerField(default=0)
+    waits_json = peewee.TextField(null=True)
+    idempotency_key = peewee.TextField(null=True)
+    created_at = peewee.TextField()
+    updated_at = peewee.TextField()
 
     class Meta:
-        table_name = "idempotency_key"
-        primary_key = peewee.CompositeKey("conversation", "key")
+        indexes = (
+            (("conversation", "idempotency_key"), True),  # NULLs (no key) never collide
+            (("conversation", "seq"), False),
+            (("state", "seq"), False),  # the open turns, at start-up
+        )
 
 
 class ConversationAlias(BaseModel):
@@ -111,7 +123,7 @@ MODELS: list[type[peewee.Model]] = [
     Conversation,
     Message,
     WorkingMemory,
-    IdempotencyKey,
+    Turn,
     ConversationAlias,
     AgentState,
 ]

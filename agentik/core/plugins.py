@@ -30,25 +30,13 @@ from pluggy import HookCaller, HookImpl, Result
 
 from agentik import hookspecs
 from agentik.core import builtin
+from agentik.core.errors import BackendError, PluginError, StartupError
 from agentik.core.failures import log_failure, one_line
 from agentik.core.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
 CORE_PLUGIN = "agentik.core"
-
-
-class StartupError(Exception):
-    """Start-up cannot go on; the message says what to set or fix."""
-
-
-class PluginError(StartupError):
-    """Plugin code failed at start-up; the message names the plugin, what it was doing and the
-    error (one line). The original exception is its ``__cause__``."""
-
-    def __init__(self, plugin: str, what: str, error: BaseException) -> None:
-        super().__init__(f"plugin {plugin}: {what} failed: {type(error).__name__}: {error}")
-        self.plugin = plugin
 
 
 def call_impl(caller: HookCaller, impl: HookImpl, kwargs: Mapping[str, Any]) -> Any:
@@ -82,7 +70,6 @@ def call_startup(
 
     ``register_for(plugin)``: the ``register`` callable each implementation gets, made for its
     plugin (so what it registers knows where it came from)."""
-    from agentik.core.registry import BackendError
     from agentik.core.settings import SettingsError
 
     for impl in caller.get_hookimpls():
@@ -435,3 +422,6 @@ def make_plugins(
     for name, plugin in extra:
         plugins.add(plugin, name)
     return plugins
+
+
+__all__ = ["BackendError", "PluginError", "Plugins", "StartupError", "make_plugins"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentik.core.embedding import EmbeddingBackend
+from agentik.core.errors import BackendError, PluginError, StartupError
 from agentik.core.llm import LLMBackend
 from agentik.core.memory import MemoryBackend
 
@@ -26,10 +27,6 @@ CONTRACTS: dict[str, type] = {
     "memory": MemoryBackend,
     "embedding": EmbeddingBackend,
 }
-
-
-class BackendError(Exception):
-    """A backend that cannot be chosen: unknown, registered twice, or missing its extra."""
 
 
 class Register(Protocol):
@@ -184,7 +181,6 @@ class BackendRegistry:
         one gets it (made only then), e.g. a memory factory's ``embedding``. A factory that
         raises is reported naming its plugin.
         """
-        from agentik.core.plugins import PluginError, StartupError
         from agentik.core.settings import SettingsError
 
         backend = self.get(name, variable=variable or f"{self.kind} backend")
@@ -215,3 +211,6 @@ class BackendRegistry:
                 backend.plugin, f"creating the {self.kind} backend {backend.name!r}", wrong
             )
         return made
+
+
+__all__ = ["Backend", "BackendError", "BackendRegistry", "Register"]

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 
+from agentik.core.responses import error_response
 from agentik.core.settings import SecretSafeError, Settings, parse_list
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -155,8 +156,6 @@ async def answered(response: web.StreamResponse) -> web.StreamResponse:
 
 
 def _refuse(status: int, code: str, message: str) -> web.Response:
-    from agentik.core.app import error_response
-
     return error_response(status, code, message)
 
 

@@ -43,6 +43,9 @@ class Tool:
     spec: ToolSpec
     fn: Callable[..., Any]
     plugin: str | None = None
+    #: running it twice with the same arguments does no more than running it once: a call a
+    #: crash cut after it started is run again when the turn resumes (else the model is told)
+    idempotent: bool = False
 
     @property
     def name(self) -> str:
@@ -55,14 +58,17 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parameters: dict[str, Any] | None = None,
+    idempotent: bool = False,
 ) -> Any:
     """Make a :class:`Tool` from a function: its JSON schema comes from the parameters' type
     hints and defaults, the description and each parameter's from the docstring
     (:mod:`agentik.core.tool_schema`); the function gets its arguments as those types (an
     ``Enum`` member, a dataclass, a pydantic model), not as raw JSON.
 
-    ``@tool`` or ``@tool(name=..., description=..., parameters=...)`` (``parameters``: a JSON
-    schema of your own; the function then gets the decoded JSON as it is).
+    ``@tool`` or ``@tool(name=..., description=..., parameters=..., idempotent=...)``
+    (``parameters``: a JSON schema of your own; the function then gets the decoded JSON as it
+    is; ``idempotent``: a second run with the same arguments does no more than the first, so a
+    call a crash cut is run again when its turn resumes).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -72,7 +78,7 @@ def tool(
             summary, schema, converters = signature_schema(f)
             call = _converting(f, converters) if converters else f
         doc = description if description is not None else summary
-        return Tool(ToolSpec(name or f.__name__, doc, schema), call)
+        return Tool(ToolSpec(name or f.__name__, doc, schema), call, idempotent=idempotent)
 
     return build(fn) if fn is not None else build
 
@@ -122,6 +128,10 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def idempotent(self, name: str) -> bool:
+        t = self._tools.get(name)
+        return t is not None and t.idempotent
 
     async def invoke(self, name: str, args_json: str) -> tuple[str, bool]:
         """Run a tool; return ``(text, is_error)``. Unknown tools and bad JSON are errors."""

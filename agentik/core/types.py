@@ -531,6 +531,7 @@ AGENT_EVENT_KINDS = frozenset(
         "ConversationUpdated",
         "ConversationDeleted",
         "TurnStarted",
+        "TurnWaiting",
         "TurnEnded",
     }
 )

@@ -218,7 +218,9 @@ class MCPServer:
             return await self.call(t.name, args)
 
         description = t.description or t.title or f"{t.name} (MCP server {self.name})"
-        return Tool(ToolSpec(name, description, parameters(t.input_schema)), call, PLUGIN)
+        idempotent = bool(getattr(t.annotations, "idempotent_hint", False))
+        spec = ToolSpec(name, description, parameters(t.input_schema))
+        return Tool(spec, call, PLUGIN, idempotent=idempotent)
 
     async def call(self, tool: str, args: dict[str, Any]) -> str:
         conn, client = await self._live()

@@ -15,6 +15,10 @@ import asyncio
 import cProfile
 import io
 import pstats
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's helpers
 
 import common
 from inproc import agentik_turns, open_agent

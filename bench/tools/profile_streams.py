@@ -2,8 +2,8 @@
 before N idle streams open, while they are open and after they closed; the allocations they
 added, grouped by line (``--group traceback`` for whole stacks), per stream.
 
-    python bench/profile_streams.py                       # 2,000 agent-level streams
-    python bench/profile_streams.py --path conversation   # one conversation each (N/2 of them)
+    python bench/tools/profile_streams.py                      # 2,000 agent-level streams
+    python bench/tools/profile_streams.py --path conversation  # one conversation each (N/2)
 
 tracemalloc sees Python's allocations (objects, buffers), not what the C parser or the kernel
 hold: it says where, B8's RSS says how much.
@@ -14,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's helpers
 
 import common
 from b08_streams import open_many

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's helpers
+
 import common
 from common import TurnClient, spec_text
 

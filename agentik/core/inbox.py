@@ -1,0 +1,222 @@
+"""The inbox of one conversation: it accepts sends (durably, once per idempotency key), keeps
+their turns in order and runs them one at a time; a waiting turn holds the line, without a
+task, until it is answered (:meth:`Inbox.answer`) or interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from agentik.core.records import error_record, new_id, utcnow
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate
+from agentik.core.types import (
+    MAX_IMAGE_BYTES,
+    ContentPart,
+    ImagePart,
+    InvalidInput,
+    Message,
+    MessageContext,
+    UnknownReference,
+    UserMessage,
+    Via,
+    content_to_json,
+)
+
+if TYPE_CHECKING:
+    from agentik.core.conversation import ChatConversation
+
+log = logging.getLogger(__name__)
+
+
+class ConversationClosed(Exception):
+    """The conversation was deleted or closed; it takes no more messages."""
+
+
+class NotWaiting(Exception):
+    """An answer for a turn that does not wait for it (over, running, or already answered);
+    transports answer it with a 409."""
+
+
+class Inbox:
+    def __init__(self, conv: ChatConversation, open_turns: Sequence[TurnRecord] = ()) -> None:
+        self.conv = conv
+        self.queue: deque[TurnRecord] = deque()  # accepted, not started
+        #: the turn at the head that holds the line: waiting, or found running at start-up
+        self.held: TurnRecord | None = None
+        self.worker: asyncio.Task[None] | None = None
+        self.sending = 0  # sends between their first line and their queued turn
+        self.unconfirmed: set[str] = set()  # keyed sends whose write raised (see accept)
+        self.turns: int | None = None  # user messages stored, once counted
+        self._cut: set[str] = set()  # turns a crash stopped while they ran
+        self._cancel: str | None = None  # the waiting turn an interrupt ends
+        self._answered: dict[str, TurnRecord] = {}  # answers that came while a run returned
+        self._answering = asyncio.Lock()
+        for record in open_turns:
+            if record.state is TurnState.QUEUED:
+                self.queue.append(record)
+            elif self.held is None:
+                self.held = record
+                if record.state is TurnState.RUNNING:
+                    self._cut.add(record.id)
+
+    @property
+    def running(self) -> bool:
+        return self.worker is not None and not self.worker.done()
+
+    def check(self, content: Sequence[ContentPart]) -> None:
+        """Refuse what the model cannot take, before anything is stored."""
+        if not content:
+            raise InvalidInput("content must not be empty")
+        images = [p for p in content if isinstance(p, ImagePart)]
+        if not images:
+            return
+        caps = self.conv.agent.llm.capabilities or {}
+        if not caps.get("image_input"):
+            raise InvalidInput("this agent's model does not accept image input")
+        if any(p.url is not None for p in images) and not caps.get("image_url_input", True):
+            raise InvalidInput("this agent's model takes images as data, not as a url")
+        if any(p.data is not None and len(p.data) * 3 // 4 > MAX_IMAGE_BYTES for p in images):
+            raise InvalidInput(f"an image may be at most {MAX_IMAGE_BYTES // 2**20} MB")
+
+    async def accept(
+        self,
+        content: Sequence[ContentPart],
+        context: MessageContext | None,
+        idempotency_key: str | None,
+        via: Via | None = None,
+    ) -> Message:
+        self.check(content)
+        payload: dict[str, Any] = {"content": content_to_json(list(content))}
+        if context is not None:
+            payload["context"] = context.to_json()
+        if via is not None:
+            payload["via"] = via.to_json()
+        msg = Message(new_id("msg"), self.conv.id, "user", utcnow(), payload)
+        # shielded: once the write started, the turn is queued even if the caller goes away
+        # (a client that disconnects before its 202)
+        self.sending += 1  # from now on the conversation is not idle
+        return await asyncio.shield(self._store(msg, idempotency_key))
+
+    async def _store(self, msg: Message, idempotency_key: str | None) -> Message:
+        conv = self.conv
+        counted = self.turns is not None  # a count made while this write waits includes it
+        try:
+            record = await conv.store.add_user_message(msg, idempotency_key=idempotency_key)
+        except Exception as e:
+            if conv.closed:  # deleted while the write waited
+                raise ConversationClosed(f"conversation {conv.id} was deleted") from e
+            if idempotency_key is not None:
+                # the commit may have happened all the same (the fsync after it failed): the
+                # client's retry with this key finds the message, and runs it then
+                self.unconfirmed.add(msg.id)
+            raise
+        finally:
+            self.sending -= 1
+        if record.id != msg.id:  # a retry: the first send queued its turn
+            if record.id not in self.unconfirmed:
+                return record.user
+            self.unconfirmed.discard(record.id)  # stored, but its sender got an error
+        if counted:
+            self.turns = (self.turns or 0) + 1
+        conv.updated_at = record.user.created_at
+        conv.agent.touch(conv.id)
+        self.queue.append(record)
+        self.start()
+        accepted = UserMessage.of(record.user)  # every viewer sees what starts the turns after
+        conv.log.publish(accepted)
+        conv.agent.announce(accepted)
+        conv.agent.publish("ConversationUpdated", conv.id)
+        return record.user
+
+    def start(self) -> None:
+        # a stopping server starts no turn: what is queued runs after the next start
+        if self.running or self.conv.closed or self.conv.agent.stopping or self._holding():
+            return
+        self.worker = asyncio.create_task(self._drain(), name=f"turns-{self.conv.id}")
+
+    def _holding(self) -> bool:
+        """A waiting turn holds the line (and no interrupt is ending it)."""
+        held = self.held
+        return held is not None and held.state is TurnState.WAITING and held.id != self._cancel
+
+    async def _drain(self) -> None:
+        conv = self.conv
+        while not conv.closed and not conv.agent.stopping:
+            record = self.held
+            if record is not None:
+                if self._holding():
+                    break  # it holds the line, with no task, until answered or interrupted
+                self.held = None
+            elif self.queue:
+                record = self.queue.popleft()
+            else:
+                break
+            cancel, self._cancel = record.id == self._cancel, None
+            cut = record.id in self._cut
+            self._cut.discard(record.id)
+            result = await conv.runner.run(record, cut=cut, cancel=cancel)
+            if result.state is TurnState.WAITING:
+                self.held = self._answered.pop(result.id, result)
+        # once this worker is done, this conversation is idle and may be dropped too
+        asyncio.get_running_loop().call_soon(conv.agent.evict_idle)
+
+    def interrupt(self) -> bool:
+        """Stop the running turn, or end the waiting one; queued sends still run."""
+        if self.conv.runner.interrupt():
+            return True
+        held = self.held
+        if held is None or held.state is not TurnState.WAITING:
+            return False
+        self._cancel = held.id
+        self.start()
+        return True
+
+    async def cancel_queued(self, message_id: str) -> bool:
+        for record in self.queue:
+            if record.id == message_id:
+                self.queue.remove(record)  # now, before any await: the worker cannot take it
+                error = error_record(
+                    self.conv.id, record.id, "cancelled before it started", "cancelled"
+                )
+                await self.conv.store.fail_turn(self.conv.id, record.id, error, TurnState.CANCELLED)
+                return True
+        return False
+
+    async def answer(self, turn_id: str, call_id: str, answer: Any) -> TurnRecord:
+        """Give a waiting turn the answer to one of its waits; the turn goes on once every
+        wait has its answer. Raises :class:`UnknownReference` for a turn or wait that does not
+        exist and :class:`NotWaiting` for one that is not waiting for it."""
+        async with self._answering:
+            held = self.held if self.held is not None and self.held.id == turn_id else None
+            record = held or self._answered.get(turn_id) or await self.conv.store.get_turn(turn_id)
+            if record is None or record.conversation_id != self.conv.id:
+                raise UnknownReference(f"no turn {turn_id!r} in this conversation")
+            wait = next((w for w in record.waits if w.call_id == call_id), None)
+            if record.state is not TurnState.WAITING:
+                raise NotWaiting(f"turn {turn_id} is {record.state}, not waiting")
+            if wait is None:
+                raise UnknownReference(f"turn {turn_id} waits for no call {call_id!r}")
+            if wait.answered:
+                raise NotWaiting(f"call {call_id} of turn {turn_id} was already answered")
+            waits = tuple(
+                replace(w, answer=answer, answered=True) if w is wait else w for w in record.waits
+            )
+            state = TurnState.RUNNING if all(w.answered for w in waits) else TurnState.WAITING
+            try:
+                await self.conv.store.update_turn(
+                    self.conv.id, turn_id, TurnUpdate(state, record.step, waits)
+                )
+            except TurnStateError as e:  # ended meanwhile (an interrupt)
+                raise NotWaiting(str(e)) from None
+            record = replace(record, state=state, waits=waits)
+            if held is not None or (self.held is None and not self.running):
+                self.held = record  # a turn of this conversation that waits in the store
+            else:
+                self._answered[turn_id] = record  # its run is returning: _drain takes it
+            if state is TurnState.RUNNING:
+                self.start()
+            return record

@@ -1,0 +1,280 @@
+"""The turn runner: one turn as a series of durable steps (F1, F2, F6, F12, F19).
+
+A step is one reply of the model; when it calls tools, the step's text and all its calls are
+recorded in one write (with the turn's state), then each result as it comes. What is recorded
+is what a turn resumes from: after a crash (:meth:`TurnRunner.run` of a ``running`` turn) and
+after a wait (a tool call held by a ``tool_call_gate`` until ``resume_turn`` answers it). A
+resumed turn rebuilds its live context from working memory, which holds its recorded steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from agentik.core.llm import (
+    HistoryItem,
+    LLMError,
+    LLMInput,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallRequest,
+    Usage,
+    UserInput,
+)
+from agentik.core.llm import Truncated as TruncatedReply
+from agentik.core.progress import Progress, user_images
+from agentik.core.records import error_record, new_id, utcnow
+from agentik.core.tool_steps import ToolSteps
+from agentik.core.turns import TurnRecord, TurnState, check_move
+from agentik.core.types import (
+    AppendText,
+    End,
+    Error,
+    Event,
+    Interrupted,
+    Message,
+    StartReasoning,
+    StartResponse,
+    TokenUsage,
+    Truncated,
+)
+
+if TYPE_CHECKING:
+    from agentik.core.conversation import ChatConversation
+
+log = logging.getLogger(__name__)
+
+RESTART_ERROR = "the turn was cut off by a server restart"
+STORAGE_ERROR = "the turn's end could not be recorded: the database failed"
+#: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
+INTERRUPTED_MARK = "[interrupted by the user]"
+
+
+class TurnRunner:
+    """Runs the turns of one conversation, one at a time (the inbox calls :meth:`run`)."""
+
+    def __init__(self, conv: ChatConversation) -> None:
+        self.conv = conv
+        self.task: asyncio.Task[None] | None = None
+        self.turn: Progress | None = None
+        self._interrupting = False
+        self._finishing = False  # the turn is recording its end: an interrupt would split it
+        self.tools = ToolSteps(conv)
+
+    async def run(
+        self, record: TurnRecord, *, cut: bool = False, cancel: bool = False
+    ) -> TurnRecord:
+        """Run a turn (a new one, or one a crash or a wait left) until it ends or waits.
+        ``cut``: a crash stopped it while it ran; ``cancel``: end a waiting turn as interrupted.
+        Returns the turn as it stands then."""
+        self.turn = turn = Progress(record, cut)
+        turn.compactions = self.conv.context.compactions
+        self._interrupting, self._finishing = cancel, False
+        self.task = asyncio.create_task(self._run(turn, cancel), name=f"turn-{record.id}")
+        try:
+            await asyncio.wait([self.task])
+            if not self.task.cancelled() and self.task.exception() is not None:
+                error = self.task.exception()
+                log.error("turn %s of %s crashed", record.id, self.conv.id, exc_info=error)
+            return replace(record, state=turn.state, step=turn.steps, waits=turn.waits)
+        finally:
+            self.task = self.turn = None
+
+    def interrupt(self) -> bool:
+        task = self.task
+        if task is None or task.done() or self._finishing:
+            return False
+        self._interrupting = True
+        task.cancel()
+        return True
+
+    async def _run(self, turn: Progress, cancel: bool) -> None:
+        agent = self.conv.agent
+        agent.publish("TurnStarted", self.conv.id)
+        try:
+            try:
+                if cancel:
+                    await self._restore(turn)
+                    raise asyncio.CancelledError
+                if turn.state is TurnState.QUEUED:
+                    inputs = await self._start(turn)
+                else:
+                    await self._restore(turn)
+                    inputs = []
+                await self._steps(turn, inputs)
+            except asyncio.CancelledError:
+                await self._finish_interrupted(turn)
+            except LLMError as e:
+                await self._fail(turn, e.message, e.code)
+            except Exception as e:
+                log.exception("turn %s of %s failed", turn.id, self.conv.id)
+                await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
+        except Exception as e:
+            # even the end could not be recorded (a full disk): the agent writes the turn's
+            # Error record once the database takes writes again (else the next start takes the
+            # turn up again); listeners still get their Error and End now
+            log.error("recording the end of turn %s of %s failed: %s", turn.id, self.conv.id, e)
+            partial = "".join(turn.text)
+            record = error_record(self.conv.id, turn.id, STORAGE_ERROR, "storage", partial)
+            self.conv.agent.record_end_later(self.conv.store, record)
+        finally:
+            if not turn.ended and turn.state is not TurnState.WAITING:
+                self._emit(Error("the turn could not be recorded", "internal"))
+                self._end(turn)
+            waiting = turn.state is TurnState.WAITING
+            agent.publish("TurnWaiting" if waiting else "TurnEnded", self.conv.id)
+
+    # --- starting and resuming --------------------------------------------------------------
+
+    async def _start(self, turn: Progress) -> list[LLMInput]:
+        await self.conv.context.prepare()
+        images = user_images(turn.record.user)
+        extra = {"images": [p.to_json() for p in images]} if images else {}
+        turn.memory.append(HistoryItem("user", turn.llm_text, extra=extra))
+        prefix = await self.conv.agent.before_turn(self.conv, turn.llm_text)
+        text = f"{prefix}\n\n{turn.llm_text}" if prefix else turn.llm_text
+        return [UserInput(text, images)]
+
+    async def _restore(self, turn: Progress) -> None:
+        """Take up a turn from what it recorded: its steps' text, its calls without results.
+        The live context is rebuilt from working memory, which holds them."""
+        await self.conv.context.reset()
+        open_calls: dict[str, tuple[ToolCallRequest, str]] = {}
+        for row in await self.conv.store.list_memory(self.conv.id):
+            item = row.item
+            if row.turn_id != turn.id:
+                continue
+            if item.role == "assistant":
+                turn.text.append(item.text)
+            elif item.role == "tool_call" and item.call_id is not None:
+                call = ToolCallRequest(item.call_id, item.tool_name or "", item.args_json or "")
+                open_calls[item.call_id] = (call, str(item.extra.get("recordId", "")))
+                turn.called_tools = True
+            elif item.role == "tool_result":
+                open_calls.pop(item.call_id or "", None)
+        turn.step_start = len(turn.text)
+        turn.calls = list(open_calls.values())
+        turn.cut = turn.cut and bool(turn.calls)  # only a call that was open can have started
+        turn.usage_known = False  # the steps before the cut were counted by no one
+
+    # --- the steps ----------------------------------------------------------------------------
+
+    async def _steps(self, turn: Progress, inputs: Sequence[LLMInput]) -> None:
+        while True:
+            if turn.calls:
+                if turn.state is TurnState.WAITING:
+                    return  # held until resume_turn answers every wait
+                results = await self.tools.run(turn)
+                # a context rebuilt from working memory (a resume) already holds the results
+                inputs = results if self.conv.context.llm is not None else []
+            step_text, calls = await self._step(turn, inputs)
+            if not calls:
+                return await self._finish(turn, step_text)
+            await self.tools.record(turn, step_text, calls)
+
+    async def _step(
+        self, turn: Progress, inputs: Sequence[LLMInput]
+    ) -> tuple[list[str], list[ToolCallRequest]]:
+        step_text: list[str] = []
+        calls: list[ToolCallRequest] = []
+        started = reasoning = False
+        usage: Usage | None = None
+        first, turn.sends = turn.sends == 0 and turn.state is TurnState.QUEUED, turn.sends + 1
+        async for chunk in self.conv.context.stream(inputs, first):
+            if isinstance(chunk, TextDelta):
+                if not started:
+                    started = True
+                    self._emit(StartResponse())
+                step_text.append(chunk.text)
+                turn.text.append(chunk.text)
+                self._emit(AppendText(chunk.text))
+            elif isinstance(chunk, ReasoningDelta):
+                if not reasoning:
+                    reasoning = True
+                    self._emit(StartReasoning())
+                self._emit(AppendText(chunk.text, reasoning=True))
+            elif isinstance(chunk, ToolCallRequest):
+                calls.append(chunk)
+            elif isinstance(chunk, Usage):
+                usage = chunk
+                turn.estimated |= chunk.estimated
+            elif isinstance(chunk, TruncatedReply):
+                turn.truncated = True
+        if usage is None or usage.input_tokens is None:
+            turn.usage_known = False
+        elif turn.usage_known:
+            if turn.first_input is None:
+                turn.first_input = usage.input_tokens
+            turn.last_total = usage.input_tokens + (usage.output_tokens or 0)
+        return step_text, calls
+
+    # --- the ends -----------------------------------------------------------------------------
+
+    async def _finish(
+        self, turn: Progress, last_step: list[str], interrupted: bool = False
+    ) -> None:
+        self._finishing = True
+        tokens = TokenUsage(None, None)
+        if not interrupted:
+            tokens, problem = turn.tokens(self.conv.context.compactions != turn.compactions)
+            if problem is not None:
+                self.conv.context.bad_usage(problem)
+        payload: dict[str, Any] = {"text": "".join(turn.text), "tokens": tokens.to_json()}
+        if interrupted:
+            payload["interrupted"] = True
+        elif turn.truncated:
+            payload["truncated"] = True
+        memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
+        update = turn.move(TurnState.CANCELLED if interrupted else TurnState.DONE)
+        record = Message(new_id("as"), self.conv.id, "assistant", utcnow(), payload)
+        await turn.write(self.conv.store, [record], memory, update)
+        if interrupted:
+            self._emit(Interrupted())
+        elif turn.truncated:
+            self._emit(Truncated())
+        self._end(turn)
+        if not interrupted:
+            self.conv.agent.after_turn(self.conv, turn.llm_text, payload["text"])
+
+    async def _finish_interrupted(self, turn: Progress) -> None:
+        self._finishing = True
+        if not self._interrupting:
+            log.info("turn %s of %s cancelled by shutdown", turn.id, self.conv.id)
+        # the model's stream was cut: its live conversation may be inconsistent
+        await self.conv.context.reset()
+        while turn.calls:
+            await self.tools.record_result(turn, "Error: interrupted", True)
+        # the model gets what it had said, marked, so its context never holds user, user
+        partial = "".join(turn.text[turn.step_start :])
+        said = [f"{partial}\n\n{INTERRUPTED_MARK}" if partial else INTERRUPTED_MARK]
+        if not partial and (turn.called_tools or not turn.memory):
+            said = []  # it ends with tool results, or the user's text never reached memory
+        await self._finish(turn, said, interrupted=True)
+
+    async def _fail(self, turn: Progress, message: str, code: str | None) -> None:
+        """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""
+        self._finishing = True
+        await self.conv.context.reset()
+        partial = "".join(turn.text)  # kept in the audit log only (F2: memory stays clean)
+        check_move(turn.state, TurnState.FAILED)
+        record = error_record(self.conv.id, turn.id, message, code, partial)
+        await self.conv.store.fail_turn(self.conv.id, turn.id, record)
+        turn.state = TurnState.FAILED
+        self._emit(Error(message, code))
+        self._end(turn)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        self.conv.emit(event)
+
+    def _end(self, turn: Progress) -> None:
+        turn.ended = True
+        self._emit(End(turn.id))
+
+
+__all__ = ["INTERRUPTED_MARK", "RESTART_ERROR", "TurnRunner"]

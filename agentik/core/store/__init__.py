@@ -1,0 +1,9 @@
+"""Where conversations live: the contract (:mod:`.base`), SQLite (:mod:`.sqlite`, the default)
+and memory (:mod:`.memory`, temporary conversations)."""
+
+from agentik.core.records import utcnow
+from agentik.core.store.base import MemoryRow, Store, TokenStats
+from agentik.core.store.memory import MemoryStore
+from agentik.core.store.sqlite import SqliteStore
+
+__all__ = ["MemoryRow", "MemoryStore", "SqliteStore", "Store", "TokenStats", "utcnow"]

@@ -1,0 +1,250 @@
+"""The store contract: conversations, their audit log and their working memory.
+
+The agent only talks to :class:`Store`, so another database can replace SQLite without touching
+the turn engine; ``tests/store_contract.py`` is the suite every implementation passes.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import peewee
+
+from agentik.core.db import Database
+from agentik.core.llm import HistoryItem
+from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
+from agentik.core.types import ConversationInfo, Message
+
+
+def ts(dt: datetime) -> str:
+    return dt.isoformat()
+
+
+def dt(raw: str) -> datetime:
+    return datetime.fromisoformat(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """A working-memory entry with its position and the turn that wrote it."""
+
+    order_idx: int
+    turn_id: str | None
+    item: HistoryItem
+
+
+_ITEM_FIELDS = ("text", "call_id", "tool_name", "args_json", "extra")
+
+
+def item_json(item: HistoryItem) -> str:
+    # by hand: dataclasses.asdict deep-copies and was 19% of an in-process turn (B3)
+    data = {}
+    for name in _ITEM_FIELDS:
+        value = getattr(item, name)
+        if value not in (None, "", {}):
+            data[name] = value
+    return json.dumps(data, ensure_ascii=False)
+
+
+def item_from(role: str, raw: str) -> HistoryItem:
+    return HistoryItem(role=role, **json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStats:
+    turns: int
+    input: int
+    output: int
+    #: turns whose backend could not count (not in input and output)
+    uncounted: int = 0
+    #: of one conversation: the last turn's context size (its input plus its growth), if known
+    context: int | None = None
+
+    def to_json(self) -> dict[str, int]:
+        """The totals as the HTTP API shows them (``contextTokens`` is the caller's)."""
+        return {
+            "turns": self.turns,
+            "input": self.input,
+            "output": self.output,
+            "total": self.input + self.output,
+        }
+
+
+class Store(abc.ABC):
+    """Conversations, their audit log and their working memory."""
+
+    async def open(self) -> None:  # noqa: B027 - optional
+        """Create tables; called once before use."""
+
+    async def close(self) -> None:  # noqa: B027 - optional
+        """Flush and close."""
+
+    # conversations
+    @abc.abstractmethod
+    async def create_conversation(self, info: ConversationInfo) -> None: ...
+    @abc.abstractmethod
+    async def get_conversation(self, conversation_id: str) -> ConversationInfo | None: ...
+    @abc.abstractmethod
+    async def list_conversations(self, offset: int, limit: int) -> list[ConversationInfo]: ...
+    @abc.abstractmethod
+    async def count_conversations(self) -> int: ...
+    @abc.abstractmethod
+    async def update_conversation(
+        self,
+        conversation_id: str,
+        *,
+        updated_at: datetime,
+        title: str | None = None,
+        set_title: bool = False,
+    ) -> None: ...
+    @abc.abstractmethod
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete a conversation with its messages and working memory (cascade)."""
+
+    @abc.abstractmethod
+    async def aliased_conversation(
+        self, namespace: str, key: str, new: ConversationInfo
+    ) -> tuple[ConversationInfo, bool]:
+        """The conversation another protocol calls ``key`` in ``namespace``; when there is none,
+        ``new`` is created under that name in the same transaction. Returns it and whether it
+        was created. The alias goes with its conversation when that is deleted."""
+
+    # audit log + working memory, written together so a turn is never half-recorded
+    @abc.abstractmethod
+    async def append(
+        self,
+        conversation_id: str,
+        messages: Sequence[Message] = (),
+        memory: Sequence[HistoryItem] = (),
+        *,
+        turn_id: str | None = None,
+        touch: datetime | None = None,
+        durable: bool = False,
+        turn: TurnUpdate | None = None,
+    ) -> None:
+        """Append audit records and working-memory entries in one transaction.
+
+        ``turn_id`` (the id of the user message that started the turn) is kept on both, so a
+        turn's records can be found and its working memory rolled back. ``durable``: the
+        write must survive a power loss once this returns (user messages, which a client is
+        told are stored, go through :meth:`add_user_message`, which is always durable).
+        ``turn``: the turn's record moves in the same transaction (a step is its rows and its
+        state together); a move its stored state does not allow raises
+        :class:`~agentik.core.turns.TurnStateError` and writes nothing.
+
+        Turns call this and may be interrupted (cancelled) while they await it: a write that
+        started must complete anyway. SQLite's writes never suspend; an implementation that
+        awaits I/O shields its write (``asyncio.shield``)."""
+
+    @abc.abstractmethod
+    async def add_user_message(
+        self, msg: Message, *, idempotency_key: str | None = None
+    ) -> TurnRecord:
+        """Durably append a user message with its ``queued`` turn and touch its conversation.
+        With an ``idempotency_key`` this conversation already used, store nothing and return
+        the turn stored with that key, as it stands (a client's retry)."""
+
+    @abc.abstractmethod
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        """A turn as it stands, or None."""
+
+    @abc.abstractmethod
+    async def open_turns(self, conversation_id: str | None = None) -> list[TurnRecord]:
+        """The turns not over (queued, running, waiting), oldest first; of one conversation
+        or of all (at start-up: what a stop or a crash left)."""
+
+    @abc.abstractmethod
+    async def update_turn(self, conversation_id: str, turn_id: str, update: TurnUpdate) -> None:
+        """Move a turn's record alone (an answer to a waiting turn, a restart's verdict); a
+        move its stored state does not allow raises :class:`~agentik.core.turns.TurnStateError`."""
+
+    @abc.abstractmethod
+    async def list_messages(
+        self,
+        conversation_id: str,
+        after: str | None,
+        offset: int,
+        limit: int,
+        *,
+        max_bytes: int | None = None,
+    ) -> list[Message]:
+        """A page of the audit log, oldest first; ``after`` is a message id (exclusive). With
+        ``max_bytes`` the page ends before the message that would take the size of its
+        payloads' JSON past it (the first message always comes): a page of big messages never
+        takes more memory than that."""
+
+    @abc.abstractmethod
+    async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
+        """The audit records of the last ``turns`` turns (from their user messages on), oldest
+        first: what reflection, memory review and skill mining quote to the model."""
+
+    @abc.abstractmethod
+    async def turn_end(self, turn_id: str) -> Message | None:
+        """The record that ended a turn (its ``assistant`` or ``error`` record), or None while
+        it runs or waits: how a transport that follows turns learns, after a restart, how one
+        ended."""
+
+    @abc.abstractmethod
+    async def list_memory(self, conversation_id: str) -> list[MemoryRow]: ...
+    @abc.abstractmethod
+    async def clear_memory(self, conversation_id: str) -> None: ...
+    @abc.abstractmethod
+    async def fail_turn(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        error: Message,
+        state: TurnState = TurnState.FAILED,
+    ) -> None:
+        """In one transaction: append the turn's Error record, drop the working-memory entries
+        the turn wrote (F2: a failed turn leaves nothing in working memory) and end the turn
+        (``failed``, or ``cancelled`` for one taken out of the queue)."""
+
+    @abc.abstractmethod
+    async def compact_memory(
+        self,
+        conversation_id: str,
+        drop_before_idx: int,
+        summary: HistoryItem,
+        record: Message | None = None,
+    ) -> None:
+        """Atomically replace entries before ``drop_before_idx`` by one summary entry and
+        append ``record`` (the ``summary`` audit record) in the same transaction: a crash
+        leaves the old working memory or the new one, never a mix."""
+
+    @abc.abstractmethod
+    async def count_turns(self, conversation_id: str) -> int:
+        """How many user messages the conversation has (turns started, failed ones too)."""
+
+    async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
+        """Bind a plugin's peewee models to this store's database and create their tables
+        (if missing); the plugin then queries them inside ``db.read``/``db.write``. Call it
+        from a service (``register_services``: the database is open by then). peewee binds a
+        model class to one database: a plugin that may serve several agents in one process
+        (tests) binds a subclass per agent (:func:`agentik.core.models.for_agent`). None for
+        a store without a database (the in-memory one): the plugin keeps nothing."""
+        return None
+
+    @abc.abstractmethod
+    async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
+
+    @abc.abstractmethod
+    async def read_state(self, key: str) -> str | None:
+        """A small fact about the agent, or None."""
+
+    @abc.abstractmethod
+    async def write_state(self, key: str, value: str | None) -> None:
+        """Set (or with None, delete) a small fact about the agent."""
+
+
+def turn_context(assistant_payload: dict[str, Any]) -> int | None:
+    """A turn's context size at its end: its input plus its growth (None if not counted)."""
+    tokens = assistant_payload.get("tokens") or {}
+    if tokens.get("input") is None:
+        return None
+    return int(tokens["input"]) + int(tokens.get("output") or 0)

@@ -1,0 +1,98 @@
+"""The tool calls of a step: recorded all together with the step (and its turn's move, to
+``waiting`` when a ``tool_call_gate`` holds one), then run one by one, each result recorded as it
+comes; after a crash, the first call without a result may have started."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agentik.core.llm import HistoryItem, LLMInput, ToolCallRequest, ToolResultInput
+from agentik.core.progress import Progress
+from agentik.core.records import new_id, utcnow
+from agentik.core.turns import TurnState
+from agentik.core.types import Message, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from agentik.core.conversation import ChatConversation
+
+#: the result of a call that a crash cut after it may have started (its tool is not idempotent)
+CUT_CALL = (
+    "Error: this call was cut by a server restart; it may or may not have taken effect. "
+    "Check before you call it again."
+)
+
+
+class ToolSteps:
+    def __init__(self, conv: ChatConversation) -> None:
+        self.conv = conv
+
+    async def record(
+        self, turn: Progress, step_text: list[str], calls: list[ToolCallRequest]
+    ) -> None:
+        """The step's text and all its calls in one write, with the turn's move: to
+        ``waiting`` when a gate holds a call, else ``running``."""
+        turn.step_start = len(turn.text)  # the step's text is in working memory now
+        turn.called_tools, turn.truncated = True, False  # the turn goes on
+        turn.steps += 1
+        records: list[Message] = []
+        memory = [HistoryItem("assistant", "".join(step_text))] if step_text else []
+        for call in calls:
+            record_id = new_id("tc")
+            turn.calls.append((call, record_id))
+            payload = {"callId": call.call_id, "toolName": call.name, "argsJson": call.args_json}
+            records.append(Message(record_id, self.conv.id, "tool_call", utcnow(), payload))
+            memory.append(
+                HistoryItem(
+                    "tool_call",
+                    call_id=call.call_id,
+                    tool_name=call.name,
+                    args_json=call.args_json,
+                    extra={"recordId": record_id},
+                )
+            )
+        waits = self.conv.agent.tool_gates(self.conv, calls)
+        update = turn.move(TurnState.WAITING if waits else TurnState.RUNNING, waits)
+        for call in calls:
+            self.conv.emit(ToolCall(call.call_id, call.name, call.args_json))
+        await turn.write(self.conv.store, records, memory, update)
+
+    async def run(self, turn: Progress) -> list[LLMInput]:
+        """Run the recorded calls without results, in order, each result recorded when it
+        comes. A call that a crash cut after it may have started runs again only when its tool
+        is idempotent; otherwise the model is told the call was cut."""
+        agent = self.conv.agent
+        answers = {w.call_id: w for w in turn.waits}
+        cut, turn.cut = turn.cut, False  # the first open call after a crash
+        results: list[LLMInput] = []
+        while turn.calls:
+            call, _ = turn.calls[0]
+            wait = answers.get(call.call_id)
+            outcome = agent.tool_answer(self.conv, call, wait) if wait is not None else call
+            run = isinstance(outcome, ToolCallRequest)
+            if cut and run and not agent.tools.idempotent(call.name):
+                outcome = (CUT_CALL, True)
+            cut = False
+            if isinstance(outcome, ToolCallRequest):
+                text, is_error = await agent.tools.invoke(outcome.name, outcome.args_json)
+            else:
+                text, is_error = outcome
+            await self.record_result(turn, text, is_error)
+            results.append(ToolResultInput(call.call_id, call.name, text))
+        return results
+
+    async def record_result(self, turn: Progress, text: str, is_error: bool) -> None:
+        call, record_id = turn.calls.pop(0)
+        result_id = new_id("tr")
+        self.conv.emit(ToolResult(result_id, call.call_id, text, is_error))
+        payload: dict[str, Any] = {
+            "toolCallId": record_id,
+            "callId": call.call_id,
+            "toolName": call.name,
+            "text": text,
+            "isError": is_error,
+        }
+        await turn.write(
+            self.conv.store,
+            [Message(result_id, self.conv.id, "tool_result", utcnow(), payload)],
+            [HistoryItem("tool_result", text, call_id=call.call_id, tool_name=call.name)],
+        )

@@ -1,0 +1,23 @@
+"""The store contract (tests/store_contract.py) run against every store of the core."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentik.core.db import Database
+from agentik.core.store import MemoryStore, SqliteStore, Store
+from tests.store_contract import *  # noqa: F403 - the contract's tests, collected here
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def contract_store(request, tmp_path) -> AsyncIterator[Store]:
+    store: Store = (
+        SqliteStore(Database(str(tmp_path / "contract.db")))
+        if request.param == "sqlite"
+        else MemoryStore()
+    )
+    await store.open()
+    yield store
+    await store.close()
