@@ -166,6 +166,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 "AGENTIK_HOST": "127.0.0.1",
                 "AGENTIK_DB_PATH": str(tmp_path / "agentik.db"),
                 "AGENTIK_MEMORY_BACKEND": "off",  # tests of memory turn it on
+                "AGENTIK_BACKGROUND_IDLE": "0",  # background model calls at once
                 "AGENTIK_MODELS_DIR": str(tmp_path / "models"),  # never the user's cache
                 **env,
             }

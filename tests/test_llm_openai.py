@@ -21,7 +21,7 @@ from aiohttp import web
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
 from agentik.core.cli import token_counts
-from agentik.core.conversation import INTERRUPTED_MARK
+from agentik.core.conversation import INTERRUPTED_NOTE
 from agentik.core.llm import (
     CONTEXT_LENGTH,
     HistoryItem,
@@ -1172,11 +1172,35 @@ async def test_a_failed_turn_keeps_what_was_shown_in_the_audit_log_only(
     await agent.close()
 
 
-async def test_after_an_interrupt_the_model_sees_its_partial_reply_marked(
+async def test_the_last_request_of_a_tool_loop_offers_no_tools(
     fake: FakeOpenAI, backend: OpenAIBackend
 ) -> None:
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return "nothing"
+
+    agent = ChatAgent(store=MemoryStore(), llm=backend, tools=ToolRegistry([lookup]),
+                      max_tool_rounds=2)  # fmt: skip
+    conv = await agent.create_conversation()
+    fake.script(*[Reply(tool_calls=[("lookup", {"key": "k"})])] * 2, Reply("Nothing found."))
+    events = await turn_events(conv, "find k")
+    assert [e.type for e in events].count("ToolResult") == 2 and events[-1].type == "End"
+    assert ["tools" in r for r in fake.requests] == [True, True, False]
+    last = fake.requests[-1]["messages"]  # the calls and results stay in the history
+    assert [m["role"] for m in last[-4:]] == ["assistant", "tool", "assistant", "tool"]
+    text = "".join(e.text for e in events if e.type == "AppendText")
+    assert text == "Nothing found."
+    await agent.close()
+
+
+async def test_after_an_interrupt_the_model_sees_its_partial_reply_and_a_note_it_does_not_echo(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    """The partial reply goes back as it was; the note that it was cut comes before the next
+    user message (at the end of the model's own reply, a small model repeated it)."""
     agent, conv = await chat(backend)
-    fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."))
+    fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."), Reply("Sure."))
     events = asyncio.ensure_future(collect_turn(conv))
     await asyncio.sleep(0)
     await conv.send([TextPart("talk")])
@@ -1190,7 +1214,14 @@ async def test_after_an_interrupt_the_model_sees_its_partial_reply_marked(
     sent = fake.requests[1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     partial = "".join(e.text for e in got if e.type == "AppendText")
-    assert partial and sent[2]["content"] == f"{partial}\n\n{INTERRUPTED_MARK}"
+    assert partial and sent[2]["content"] == partial
+    assert sent[3]["content"] == f"{INTERRUPTED_NOTE}\n\nstop"
+    await turn_events(conv, "and then?")  # the note is said once
+    assert fake.requests[2]["messages"][-1]["content"] == "and then?"
+    # the interrupted turn's counts: the server got its prompt and streamed some words
+    interrupted = next(m for m in await conv.get_messages() if m.kind == "assistant").payload
+    tokens = interrupted["tokens"]
+    assert tokens["estimated"] is True and tokens["input"] > 0 and tokens["output"] > 0
     await agent.close()
 
 

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
+from agentik.core.background import Background
+from agentik.core.context import TokenScale
 from agentik.core.conversation import (
     RESTART_ERROR,
     ChatConversation,
@@ -38,6 +40,7 @@ __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
+MAX_TOOL_ROUNDS = 20  # the default of AGENTIK_MAX_TOOL_ROUNDS
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every running turn
 
 
@@ -58,6 +61,8 @@ class ChatAgent:
         resume_queued: bool = True,
         memory: MemoryBackend | None = None,
         embedding: EmbeddingBackend | None = None,
+        background_idle: float = 0.0,
+        max_tool_rounds: int = MAX_TOOL_ROUNDS,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -76,6 +81,13 @@ class ChatAgent:
         self.hooks = hooks  # pluggy's HookRelay, or None in bare unit tests
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
+        #: background model calls (memory review, reflection, mining): they wait until no turn
+        #: has run for ``background_idle`` seconds (agentik.core.background)
+        self.background = Background(self.jobs, self.turns_under_way, idle_after=background_idle)
+        #: how this model's token counts compare with the estimates (agentik.core.context)
+        self.token_scale = TokenScale()
+        #: tool rounds a turn may take before its model gets one last request without tools
+        self.max_tool_rounds = max_tool_rounds
         #: plugins' per-app state, by plugin name (``agent.state.setdefault("my_plugin", …)``):
         #: it lives and dies with this agent, unlike a module global shared by every app
         self.state: dict[str, Any] = {}
@@ -269,6 +281,11 @@ class ChatAgent:
         conv = self._live.get(conversation_id)
         return conv is not None and conv.busy
 
+    def turns_under_way(self) -> bool:
+        """Whether a user turn is queued or running in any conversation (they all share the
+        one LLM backend)."""
+        return any(conv.busy for conv in self._live.values())
+
     async def count_conversations(self) -> int:
         return await self.store.count_conversations()
 
@@ -299,6 +316,17 @@ class ChatAgent:
 
     def publish(self, kind: str, conversation_id: str) -> None:
         self._events.publish(AgentEvent(kind, conversation_id))
+
+    def turn_started(self, conversation_id: str) -> None:
+        """A turn starts: say so, and cut short the background model call under way."""
+        self.publish("TurnStarted", conversation_id)
+        self.background.turn_started()
+
+    def conversation_idle(self) -> None:
+        """A conversation ran its last queued turn: idle ones may be evicted, and background
+        model calls count their idle time from now."""
+        self.background.turn_ended()
+        self.evict_idle()
 
     def system_prompt(self) -> str:
         parts = []

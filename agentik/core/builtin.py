@@ -13,6 +13,7 @@ from agentik.core.settings import (
     parse_bool,
     parse_choice,
     parse_list,
+    parse_non_negative_float,
     parse_path,
     parse_port,
     parse_positive_float,
@@ -106,6 +107,20 @@ CORE_SETTINGS = (
         120.0,
         parse_positive_float,
         "Seconds an in-agent tool call may take before the model gets an error result.",
+    ),
+    Setting(
+        "AGENTIK_MAX_TOOL_ROUNDS",
+        20,
+        parse_positive_int,
+        "Tool rounds a turn may take; then the model gets one last request without tools, and "
+        "a turn whose model still calls one ends with an error.",
+    ),
+    Setting(
+        "AGENTIK_BACKGROUND_IDLE",
+        10.0,
+        parse_non_negative_float,
+        "Seconds without a user turn before background model calls (memory review, reflection, "
+        "skill mining) run; a turn that starts cuts the call under way short. 0: right away.",
     ),
     Setting(
         "AGENTIK_LIVE_CONVERSATIONS",

@@ -17,11 +17,15 @@ from agentik.core.context import (
     Compaction,
     compaction_cut,
     context_tokens,
+    estimate_tokens,
     inputs_tokens,
+    item_tokens,
+    text_weight,
 )
 from agentik.core.events import EventLog, StreamItem, flatten
 from agentik.core.llm import (
     CONTEXT_LENGTH,
+    SILENT_REFUSAL,
     HistoryItem,
     LLMChunk,
     LLMConversation,
@@ -68,8 +72,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
-#: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
-INTERRUPTED_MARK = "[interrupted by the user]"
+#: put before the next user message the model sees after an interrupted reply: on the user's
+#: side, so that the model does not repeat it (a mark at the end of its own reply, it did)
+INTERRUPTED_NOTE = "[Note: the user interrupted your previous reply.]"
+#: the Error of a turn whose model still called a tool when it was offered none
+TOOL_LOOP = "tool_loop"
+NEW_CONVERSATION = "start a new conversation"
 #: ``(order, name, render)``: ``render(agent)`` or ``render()`` gives the section's text
 PromptSection = tuple[int, str, Callable[..., str | None]]
 
@@ -95,6 +103,18 @@ async def unwrap_events(items: AsyncGenerator[StreamItem, None]) -> AsyncGenerat
         await items.aclose()
 
 
+def _start_anew(e: LLMError) -> LLMError:
+    """The error a user sees when the conversation may no longer fit the model's context even
+    after a compaction: it says to start a new conversation."""
+    if NEW_CONVERSATION in e.message:
+        return e
+    return LLMError(
+        f"{e.message}; the conversation may no longer fit the model's context window: "
+        f"{NEW_CONVERSATION}",
+        e.code,
+    )
+
+
 class ConversationClosed(Exception):
     """The conversation was deleted or closed; it takes no more messages."""
 
@@ -103,8 +123,9 @@ class _Turn:
     """What one running turn has done so far (for the interrupt and error paths)."""
 
     __slots__ = (
-        "called_tools", "ended", "estimated", "llm_text", "memory", "open_calls", "step_start",
-        "steps", "text", "truncated", "user",
+        "called_tools", "ended", "estimated", "first_input", "last_total", "llm_text", "memory",
+        "open_calls", "sent_estimate", "step_start", "steps", "text", "truncated", "usage_known",
+        "user",
     )  # fmt: skip
 
     def __init__(self, user: Message) -> None:
@@ -121,6 +142,39 @@ class _Turn:
         self.called_tools = False
         self.truncated = False  # the last step's reply stopped at the output-token cap
         self.estimated = False  # a step's token counts were estimated by the backend
+        # token counts (F12): the first step's input and the last step's input + output, while
+        # every step reported them; the estimate of the context the first step sent
+        self.first_input: int | None = None
+        self.last_total: int | None = None
+        self.usage_known = True
+        self.sent_estimate: int | None = None
+
+    def count(self, usage: Usage | None) -> None:
+        """Add one finished step's counts."""
+        if usage is None or usage.input_tokens is None:
+            self.usage_known = False
+        elif self.usage_known:
+            self.estimated |= usage.estimated
+            if self.first_input is None:
+                self.first_input = usage.input_tokens
+            self.last_total = usage.input_tokens + (usage.output_tokens or 0)
+
+    def tokens(self) -> TokenUsage:
+        if not self.usage_known or self.first_input is None or self.last_total is None:
+            return TokenUsage(None, None)
+        return TokenUsage(self.first_input, self.last_total - self.first_input, self.estimated)
+
+    def tokens_so_far(self) -> TokenUsage:
+        """What is known of an interrupted turn's counts: its finished steps' plus an estimate
+        of the cut step's text, else estimates of what it sent and got (the server processed
+        the prompt all the same); estimated unless every part was counted."""
+        cut = estimate_tokens("".join(self.text[self.step_start :]))
+        if self.usage_known and self.first_input is not None and self.last_total is not None:
+            output = self.last_total - self.first_input + cut
+            return TokenUsage(self.first_input, output, self.estimated or cut > 0)
+        if self.sent_estimate is None:
+            return TokenUsage(None, None)
+        return TokenUsage(self.sent_estimate, estimate_tokens("".join(self.text)), True)
 
 
 class ChatConversation:
@@ -154,6 +208,8 @@ class ChatConversation:
         self._compacting = asyncio.Lock()
         self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
         self._running: str | None = None  # the user message id of the running turn
+        self._unverified: int | None = None  # the unscaled estimate of a context just built
+        self._after_interrupt = False  # the model's last reply was cut by an interrupt
         self._turns: int | None = None  # user messages stored, once counted (count_turns)
         self._unconfirmed: set[str] = set()  # keyed sends whose write raised (see _accept)
         #: plugins' per-conversation state, by plugin name (counters, caches). It lives as long
@@ -416,7 +472,7 @@ class ChatConversation:
                 )
         self._turn_task = self._running = None
         # once this worker is done, this conversation is idle and may be dropped too
-        asyncio.get_running_loop().call_soon(self.agent.evict_idle)
+        asyncio.get_running_loop().call_soon(self.agent.conversation_idle)
 
     def _emit(self, event: Event) -> None:
         self._events.publish(event, self._running)
@@ -442,14 +498,15 @@ class ChatConversation:
                 self.agent.tools.specs(),
             )
             self._llm = self.agent.llm.create_conversation(prompt, items, specs)
-            self.context_tokens = context_tokens(prompt, items, specs)  # the only full scan
+            self._unverified = context_tokens(prompt, items, specs)  # the only full scan
+            self.context_tokens = self.agent.token_scale(self._unverified)
             self._llm_stale = False
             self.llm_builds += 1
         return self._llm
 
     async def _reset_llm(self) -> None:
         llm, self._llm = self._llm, None
-        self.context_tokens = None
+        self.context_tokens = self._unverified = None
         if llm is not None:
             try:
                 await llm.aclose()
@@ -475,7 +532,7 @@ class ChatConversation:
 
     async def _run_turn(self, user: Message) -> None:
         turn = _Turn(user)
-        self.agent.publish("TurnStarted", self.id)
+        self.agent.turn_started(self.id)
         try:
             try:
                 await self._turn_body(turn)
@@ -508,18 +565,21 @@ class ChatConversation:
             await self._reset_llm()
         await self._live_llm()
         images = self._images(turn.user)
-        turn.memory.append(HistoryItem("user", text, extra=self._images_extra(images)))
+        model_text = f"{INTERRUPTED_NOTE}\n\n{text}" if self._after_interrupt else text
+        self._after_interrupt = False
+        turn.memory.append(HistoryItem("user", model_text, extra=self._images_extra(images)))
         extra = await self.agent.before_turn(self, text)
-        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text, images)]
-        first_input: int | None = None
-        last_total: int | None = None
-        usage_known = True
+        inputs: Sequence[LLMInput] = [
+            UserInput(f"{extra}\n\n{model_text}" if extra else model_text, images)
+        ]
+        rounds = 0  # steps whose tool calls ran
         while True:
             step_text: list[str] = []
             calls: list[ToolCallRequest] = []
             started = reasoning = False
             step_usage: Usage | None = None
-            async for chunk in self._step(turn, inputs):
+            tools = rounds < self.agent.max_tool_rounds  # then one last step without tools
+            async for chunk in self._step(turn, inputs, tools):
                 if isinstance(chunk, TextDelta):
                     if not started:
                         started = True
@@ -536,33 +596,30 @@ class ChatConversation:
                     calls.append(chunk)
                 elif isinstance(chunk, Usage):
                     step_usage = chunk
-                    turn.estimated |= chunk.estimated
                 elif isinstance(chunk, TruncatedReply):
                     turn.truncated = True
-            if step_usage is None or step_usage.input_tokens is None:
-                usage_known = False
-            elif usage_known:
-                if first_input is None:
-                    first_input = step_usage.input_tokens
-                last_total = step_usage.input_tokens + (step_usage.output_tokens or 0)
+            turn.count(step_usage)
             if not calls:
                 break
+            if not tools:
+                raise LLMError(
+                    f"the model kept calling tools: after {rounds} rounds it was asked to answer "
+                    "without them and called another (AGENTIK_MAX_TOOL_ROUNDS)",
+                    TOOL_LOOP,
+                )
+            rounds += 1
             if step_text:
                 await self._write(memory=[HistoryItem("assistant", "".join(step_text))], turn=turn)
             inputs = await self._run_tools(turn, calls)
-        tokens = TokenUsage(
-            first_input if usage_known else None,
-            (last_total - first_input)
-            if usage_known and last_total is not None and first_input is not None
-            else None,
-            usage_known and turn.estimated,
-        )
-        await self._finish(turn, step_text, tokens)
+        await self._finish(turn, step_text, turn.tokens())
 
-    async def _step(self, turn: _Turn, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
-        """One send of a turn: a compaction first when a plugin asks for one, then the stream;
-        when the endpoint refuses the context as too long, one forced compaction and one retry.
-        Keeps :attr:`context_tokens` running."""
+    async def _step(
+        self, turn: _Turn, inputs: Sequence[LLMInput], tools: bool = True
+    ) -> AsyncIterator[LLMChunk]:
+        """One send of a turn (``tools=False``: the model is offered none): a compaction first
+        when a plugin asks for one, then the stream; when the endpoint refuses the context as
+        too long (or, with a known window and a context near it, answers nothing), one forced
+        compaction and one retry. Keeps :attr:`context_tokens` running."""
         first = turn.steps == 0
         turn.steps += 1
         # after a compaction in a tool loop the rebuilt conversation already holds this step's
@@ -570,32 +627,53 @@ class ChatConversation:
         if await self._compact_before_send(inputs, forced=False) and not first:
             inputs = []
         retried = False
+        scale = self.agent.token_scale
         while True:
             llm = await self._live_llm()
-            chars, usage, streamed = 0, None, False
+            new = inputs_tokens(inputs)
+            if turn.sent_estimate is None:
+                turn.sent_estimate = (self.context_tokens or 0) + scale(new)
+            unverified = None if self._unverified is None else self._unverified + new
+            weight, usage, streamed = 0, None, False
+            reply = llm.stream(inputs) if tools else llm.stream_without_tools(inputs)
             try:
-                async for chunk in llm.stream(inputs):
+                async for chunk in reply:
                     streamed = True
                     if isinstance(chunk, TextDelta):
-                        chars += len(chunk.text)
+                        weight += text_weight(chunk.text)
                     elif isinstance(chunk, ToolCallRequest):
-                        chars += len(chunk.name) + len(chunk.args_json)
+                        weight += len(chunk.name) + text_weight(chunk.args_json)
                     elif isinstance(chunk, Usage):
                         usage = chunk
                     yield chunk
             except LLMError as e:
-                if e.code != CONTEXT_LENGTH or streamed or retried:
+                # refused again after the compaction: the last turns alone are too long
+                again = retried and e.code in (CONTEXT_LENGTH, SILENT_REFUSAL)
+                if streamed or not (again or self._context_may_be_full(e, new)):
                     raise
+                if retried or not await self._compact_before_send(inputs, forced=True):
+                    raise _start_anew(e) from e
                 retried = True
-                if not await self._compact_before_send(inputs, forced=True):
-                    raise
                 inputs = inputs if first else []
                 continue
             break
-        if usage is not None and usage.input_tokens is not None:  # the backend's own count
+        self._unverified = None
+        if usage is not None and usage.input_tokens is not None and not usage.estimated:
+            if unverified is not None:  # the whole context was estimated: learn from it
+                scale.observe(unverified, usage.input_tokens)
             self.context_tokens = usage.input_tokens + (usage.output_tokens or 0)
-        elif self.context_tokens is not None:
-            self.context_tokens += inputs_tokens(inputs) + chars // 4 + MESSAGE_TOKENS
+        elif self.context_tokens is not None:  # the engine's estimate, not the backend's guess
+            self.context_tokens += scale(new + weight // 4 + MESSAGE_TOKENS)
+
+    def _context_may_be_full(self, e: LLMError, new: int) -> bool:
+        """Whether a failed send can be the context overflowing: the server said so, or it
+        answered nothing while the context was at least half of a known window."""
+        if e.code == CONTEXT_LENGTH:
+            return True
+        window = self.agent.llm.context_window
+        if e.code != SILENT_REFUSAL or not window or self.context_tokens is None:
+            return False
+        return self.context_tokens + self.agent.token_scale(new) >= window // 2
 
     async def _compact_before_send(self, inputs: Sequence[LLMInput], forced: bool) -> bool:
         """Ask the ``compact_context`` hook whether to compact before this send (or, ``forced``,
@@ -604,7 +682,7 @@ class ChatConversation:
         hooks = self.agent.hooks
         if hooks is None or self.context_tokens is None:
             return False
-        tokens = self.context_tokens + inputs_tokens(inputs)
+        tokens = self.context_tokens + self.agent.token_scale(inputs_tokens(inputs))
         done = self.compactions
         try:
             work = hooks.compact_context(conversation=self, context_tokens=tokens, forced=forced)
@@ -624,6 +702,7 @@ class ChatConversation:
         self,
         summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
         keep_turns: int = KEEP_TURNS,
+        min_tokens: int = 0,
     ) -> Compaction | None:
         """Replace the old turns of working memory by one summary (F10's atomic operation).
 
@@ -632,15 +711,21 @@ class ChatConversation:
         text. Then, in one transaction, they are replaced by one ``summary`` entry and a
         ``summary`` record is added to the audit log; a :class:`Compacted` event follows and the
         live LLM conversation is rebuilt before the next send. None, and nothing changed, when
-        there is nothing to summarise or ``summarize`` returned no text or raised (logged).
-        Safe to call between turns and while one runs: compactions of a chat run one at a time.
+        there is nothing to summarise, the entries to summarise (an earlier summary aside) hold
+        fewer than ``min_tokens`` (too little to gain from a summary call), or ``summarize``
+        returned no text or raised (logged). Safe to call between turns and while one runs:
+        compactions of a chat run one at a time.
         """
+        scale = self.agent.token_scale
         async with self._compacting:
             rows = await self._store.list_memory(self.id)
             cut = compaction_cut(rows, keep_turns, self._running)
             if cut is None:
                 return None
             old = [r.item for r in rows[:cut]]
+            fresh = [i for i in old if i.role != "summary"]  # an earlier summary is no gain
+            if min_tokens and scale(sum(map(item_tokens, fresh))) < min_tokens:
+                return None
             try:
                 text = await summarize(old)
             except Exception:
@@ -653,8 +738,8 @@ class ChatConversation:
             summary = HistoryItem("summary", text.strip())
             before = self.context_tokens
             if before is None or self._llm_stale:
-                before = context_tokens(prompt, [r.item for r in rows], specs)
-            after = context_tokens(prompt, [summary, *kept], specs)
+                before = scale(context_tokens(prompt, [r.item for r in rows], specs))
+            after = scale(context_tokens(prompt, [summary, *kept], specs))
             record = Message(new_id("sum"), self.id, "summary", utcnow(), {"text": summary.text})
             drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
             await self._store.compact_memory(self.id, drop_before, summary, record)
@@ -765,12 +850,14 @@ class ChatConversation:
         await self._reset_llm()
         for call_id in list(turn.open_calls):
             await self._record_result(turn, call_id, "Error: interrupted", True)
-        # the model gets what it had said, marked, so its context never holds user, user
+        # the model gets what it had said (an empty reply keeps its context from holding user,
+        # user) and a note before the next user message says it was cut
         partial = "".join(turn.text[turn.step_start :])
-        said = [f"{partial}\n\n{INTERRUPTED_MARK}" if partial else INTERRUPTED_MARK]
+        said = [partial]
         if not partial and (turn.called_tools or not turn.memory):
             said = []  # it ends with tool results, or the user's text never reached memory
-        await self._finish(turn, said, TokenUsage(None, None), interrupted=True)
+        self._after_interrupt = bool(said) or turn.called_tools
+        await self._finish(turn, said, turn.tokens_so_far(), interrupted=True)
 
     async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
         """F2's error path: Error record, Error + End events, LLM reset, working memory clean."""

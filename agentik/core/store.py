@@ -80,6 +80,26 @@ class TokenStats:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class FeatureUsage:
+    """The token counts of one background feature's model calls, summed."""
+
+    calls: int
+    input: int
+    output: int
+    #: calls whose counts were estimated (the server sent none)
+    estimated: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "calls": self.calls,
+            "input": self.input,
+            "output": self.output,
+            "total": self.input + self.output,
+            "estimatedCalls": self.estimated,
+        }
+
+
 class Store(abc.ABC):
     """Conversations, their audit log and their working memory."""
 
@@ -209,6 +229,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
 
+    async def add_background_usage(  # noqa: B027 - optional, with a no-op default
+        self,
+        feature: str,
+        conversation_id: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        """Record the counts of one model call the agent made for itself (``feature``: e.g.
+        ``memory_review``); a store that keeps none ignores them."""
+
+    async def background_usage(self) -> dict[str, FeatureUsage]:
+        """The background calls' counts per feature (:meth:`add_background_usage`)."""
+        return {}
+
     @abc.abstractmethod
     async def read_state(self, key: str) -> str | None:
         """A small fact about the agent (``clean_stop``), or None."""
@@ -233,9 +268,13 @@ _INSERT_MEMORY = (
 class SqliteStore(Store):
     def __init__(self, db: Database) -> None:
         self.db = db
+        # this store's own class of the table: peewee binds a class to one database
+        (usage,) = models.for_agent(models.BackgroundUsage)
+        self._usage = cast(type[models.BackgroundUsage], usage)
 
     async def open(self) -> None:
         await self.db.open(models.MODELS)
+        self.db.db.bind([self._usage])
         await self.db.write(lambda: self.db.execute(models.APPEND_ONLY_TRIGGER))
 
     async def close(self) -> None:
@@ -606,6 +645,43 @@ class SqliteStore(Store):
 
         return await self.db.read(q)
 
+    async def add_background_usage(
+        self,
+        feature: str,
+        conversation_id: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        query = self._usage.insert(
+            feature=feature,
+            conversation_id=conversation_id,
+            created_at=_ts(utcnow()),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            estimated=estimated,
+        )
+        await self.db.write(query.execute)
+
+    async def background_usage(self) -> dict[str, FeatureUsage]:
+        u = self._usage
+        query = u.select(
+            u.feature,
+            peewee.fn.COUNT(u.id),
+            peewee.fn.SUM(u.input_tokens),
+            peewee.fn.SUM(u.output_tokens),
+            peewee.fn.SUM(peewee.Case(None, [(u.estimated, 1)], 0)),
+        ).group_by(u.feature)
+
+        def q() -> dict[str, FeatureUsage]:
+            rows = cast(list[tuple[str, int, int | None, int | None, int | None]], query.tuples())
+            return {
+                feature: FeatureUsage(calls, tin or 0, tout or 0, est or 0)
+                for feature, calls, tin, tout, est in rows
+            }
+
+        return await self.db.read(q)
+
     async def read_state(self, key: str) -> str | None:
         def q() -> str | None:
             row = self.db.execute("SELECT value FROM agent_state WHERE key = ?", (key,)).fetchone()
@@ -636,6 +712,7 @@ class MemoryStore(Store):
         self._state: dict[str, str] = {}
         self._aliases: dict[tuple[str, str], str] = {}
         self._ends: dict[str, Message] = {}  # turn id -> the record that ended it
+        self._usage: dict[str, FeatureUsage] = {}
 
     async def create_conversation(self, info: ConversationInfo) -> None:
         self._convs[info.id] = info
@@ -782,6 +859,25 @@ class MemoryStore(Store):
         if conversation_id is None:
             context = None
         return TokenStats(turns, tin, tout, uncounted, context)
+
+    async def add_background_usage(
+        self,
+        feature: str,
+        conversation_id: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        was = self._usage.get(feature, FeatureUsage(0, 0, 0))
+        self._usage[feature] = FeatureUsage(
+            was.calls + 1,
+            was.input + input_tokens,
+            was.output + output_tokens,
+            was.estimated + estimated,
+        )
+
+    async def background_usage(self) -> dict[str, FeatureUsage]:
+        return dict(self._usage)
 
     async def read_state(self, key: str) -> str | None:
         return self._state.get(key)

@@ -123,9 +123,15 @@ def make_app(
     builtins: Iterable[str] = ("agentik_transport_http",),
     load_entrypoints: bool = False,
 ) -> web.Application:
-    """A server for tests: an in-memory database, ``EchoLLM`` and no long-term memory unless
-    told otherwise (``env={"AGENTIK_MEMORY_BACKEND": ...}``)."""
-    env = {"AGENTIK_DB_PATH": ":memory:", "AGENTIK_MEMORY_BACKEND": "off", **(env or {})}
+    """A server for tests: an in-memory database, ``EchoLLM``, no long-term memory and
+    background model calls at once (``AGENTIK_BACKGROUND_IDLE=0``) unless told otherwise
+    (``env={"AGENTIK_MEMORY_BACKEND": ...}``)."""
+    env = {
+        "AGENTIK_DB_PATH": ":memory:",
+        "AGENTIK_MEMORY_BACKEND": "off",
+        "AGENTIK_BACKGROUND_IDLE": "0",
+        **(env or {}),
+    }
     pm = test_plugins(plugins, builtins=builtins, load_entrypoints=load_entrypoints)
     return create_app(load_settings(pm, env), pm, llm=llm if llm is not None else EchoLLM())
 

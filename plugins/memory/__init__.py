@@ -41,7 +41,8 @@ SETTINGS = (
         "AGENTIK_MEMORY_REVIEW",
         True,
         cfg.parse_bool,
-        "1: after each turn a background model call saves the turn's durable facts; 0: off.",
+        "1: after each turn a background model call (once the user pauses: "
+        "AGENTIK_BACKGROUND_IDLE) saves the turn's durable facts; 0: off.",
     ),
     Setting(
         "AGENTIK_MEMORY_CURATOR_INTERVAL",
@@ -146,11 +147,10 @@ def before_turn(conversation: Any, text: str) -> Any:
 
 
 @hookimpl
-def after_turn(conversation: Any, user_text: str, assistant_text: str) -> Any:
+def after_turn(conversation: Any, user_text: str, assistant_text: str) -> None:
     feature = feature_of(conversation.agent)
-    if feature is None:
-        return None
-    return feature.turn_ended(conversation.id, user_text, assistant_text)
+    if feature is not None:
+        feature.turn_ended(conversation.id, user_text, assistant_text)
 
 
 @hookimpl

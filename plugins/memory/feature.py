@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from agentik.core.llm import HistoryItem
 from agentik.core.memory import CATEGORIES, MemoryBackend, Note, NoteError, normalise
-from agentik.core.oneshot import ask_json, render_items
+from agentik.core.oneshot import ask_json, item_entries
 from agentik.core.tools import Tool, ToolError, tool
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
-    from agentik.core.llm import HistoryItem
 
 log = logging.getLogger("agentik.memory")
 
@@ -23,6 +23,8 @@ BLOCK_START = "[Memory context: notes from earlier conversations; use them only 
 BLOCK_END = "[End of memory context]"
 MAX_FACTS = 20
 MAX_FACT_CHARS = 1000
+#: turns of one conversation waiting for their review at most (older ones are not reviewed)
+MAX_UNREVIEWED = 8
 
 REVIEW_PROMPT = """\
 You keep the long-term memory of an assistant. Read the conversation below and pick out the \
@@ -97,6 +99,8 @@ class MemoryFeature:
         self.review_on: bool = settings["AGENTIK_MEMORY_REVIEW"]
         #: conversation id -> the review running for it (never two at once)
         self._reviews: dict[str, _Serial] = {}
+        #: conversation id -> its turns not reviewed yet, as transcript entries per turn
+        self._unreviewed: dict[str, list[list[str]]] = {}
         #: look-up and save of one fact at a time, so two reviews cannot both save it
         self._saving = asyncio.Lock()
         #: conversation id -> the notes its running turn was given (bumped when it ends)
@@ -126,12 +130,12 @@ class MemoryFeature:
             self._given[conversation_id] = [n.id for n in given]
         return block
 
-    def turn_ended(self, conversation_id: str, user_text: str, assistant_text: str) -> Any:
-        """After a turn: count the notes its prefetch gave, review it. An awaitable or None."""
+    def turn_ended(self, conversation_id: str, user_text: str, assistant_text: str) -> None:
+        """After a turn: count the notes its prefetch gave, queue its review."""
         given = self._given.pop(conversation_id, None)
         if given:
             self.agent.jobs.spawn("memory-mark-used", self.memory.mark_used(given))
-        return self.review_turn(conversation_id, user_text, assistant_text)
+        self.review_turn(conversation_id, user_text, assistant_text)
 
     # --- saving, with the same fact never stored twice ----------------------------------------
 
@@ -147,29 +151,56 @@ class MemoryFeature:
 
     # --- reviews ----------------------------------------------------------------------------
 
-    def review_turn(self, conversation_id: str, user_text: str, assistant_text: str) -> Any:
+    def review_turn(self, conversation_id: str, user_text: str, assistant_text: str) -> None:
+        """Queue the review of a turn: a background model call (``agent.background``) that
+        runs once the user pauses, over every turn of the conversation not reviewed yet."""
         if not self.review_on:
-            return None
-        transcript = f"User: {user_text}\nAssistant: {assistant_text}"
-        return self.review(conversation_id, transcript, "AUTO_REVIEW")
+            return
+        turns = self._unreviewed.setdefault(conversation_id, [])
+        turns.append(
+            item_entries([HistoryItem("user", user_text), HistoryItem("assistant", assistant_text)])
+        )
+        if len(turns) > MAX_UNREVIEWED:
+            del turns[0]
+            log.info("memory review of %s: the oldest unreviewed turn is left out", conversation_id)
+        self.agent.background.submit(
+            "memory review", conversation_id, lambda: self.review_pending(conversation_id)
+        )
+
+    async def review_pending(self, conversation_id: str) -> int:
+        """Review the turns of ``conversation_id`` not reviewed yet; how many notes were saved.
+        Cut short (a user turn started), it leaves them for the next try."""
+        turns = list(self._unreviewed.get(conversation_id, ()))
+        if not turns:
+            return 0
+        saved = await self.review(conversation_id, [e for t in turns for e in t], "AUTO_REVIEW")
+        left = self._unreviewed.get(conversation_id, [])
+        del left[: len(turns)]  # the turns that ended meanwhile stay
+        if not left:
+            self._unreviewed.pop(conversation_id, None)
+        return saved
 
     def review_items(self, conversation_id: str, items: Sequence[HistoryItem]) -> Any:
-        transcript = render_items(items)
+        transcript = item_entries(items)
         if not transcript:
             return None
         return self.review(conversation_id, transcript, "PRE_COMPACTION")
 
-    async def review(self, conversation_id: str, transcript: str, source: str) -> int:
-        """Ask the model for the durable facts of ``transcript`` and save the new ones; returns
-        how many were saved. Reviews of one conversation run one at a time, in order."""
+    async def review(self, conversation_id: str, transcript: list[str], source: str) -> int:
+        """Ask the model for the durable facts of ``transcript`` (entries, oldest first) and
+        save the new ones; returns how many were saved. Reviews of one conversation run one at
+        a time, in order."""
         serial = self._reviews.setdefault(conversation_id, _Serial())
         serial.users += 1
         try:
             async with serial.lock:
                 facts = await ask_json(
-                    self.agent.llm,
-                    REVIEW_PROMPT.format(transcript=transcript),
+                    self.agent,
+                    lambda t: REVIEW_PROMPT.format(transcript=t),
                     parse_facts,
+                    feature="memory_review",
+                    transcript=transcript,
+                    conversation_id=conversation_id,
                     purpose=f"memory review of {conversation_id}",
                 )
                 saved = 0
