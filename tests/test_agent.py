@@ -10,6 +10,7 @@ import pytest
 
 from agentik import hookimpl
 from agentik.core.agent import ConversationClosed
+from agentik.core.conversation import INTERRUPTED_NOTE
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, ToolResultInput, Usage
 from agentik.core.testing import ScriptedLLM, run_turn, test_plugins
 from agentik.core.tools import ToolError, tool
@@ -234,7 +235,8 @@ async def test_interrupt_stops_the_turn_and_the_next_send_works(make_agent):
     assert conv.interrupt() is False
     await conv.send(text("next"))
     await conv.wait_idle()
-    assert (await conv.get_messages())[-1].payload["text"] == "echo: next"
+    # the model is told its last reply was cut, before the user's text
+    assert (await conv.get_messages())[-1].payload["text"] == f"echo: {INTERRUPTED_NOTE}\n\nnext"
 
 
 async def test_a_model_that_keeps_calling_tools_gets_a_last_request_without_them(make_agent):
