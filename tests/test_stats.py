@@ -7,6 +7,7 @@ import asyncio
 import agentik_memory
 import agentik_memory_md
 from agentik.core.app import AGENT
+from agentik.core.cli import banner
 from agentik.core.llm import Completion, Usage
 from agentik.core.testing import ScriptedLLM, make_app
 
@@ -85,6 +86,10 @@ async def test_background_calls_are_counted_apart_per_feature(aiohttp_client, tm
     await app[AGENT].jobs.wait_idle()
     totals = await (await client.get("/agentik/stats")).json()
     assert (totals["input"], totals["output"]) == (230, 15)  # the turns' own
+    tokens = [x for x in await banner(app, "127.0.0.1", 8080) if x.startswith("  tokens:")]
+    assert tokens == [
+        "  tokens: 1 convs, 2 turns, in=230, out=15, total=245; background: 2 calls, total=640"
+    ]
     assert totals["background"] == {
         "memory_review": {
             "calls": 2, "input": 600, "output": 40, "total": 640, "estimatedCalls": 0
