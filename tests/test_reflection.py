@@ -4,7 +4,6 @@ system prompt of later conversations."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from agentik.core.testing import make_app
 from agentik.core.types import TextPart
 from agentik_llm_openai.backend import OpenAIBackend
 from agentik_reflection.reflector import EXAMPLE, HEADING, validate
+from tests.conftest import wait_until
 from tests.fake_openai import FakeOpenAI, Reply, echo
 
 PLUGIN = ("agentik_reflection", agentik_reflection)
@@ -133,14 +133,6 @@ async def test_a_reflection_yields_to_a_turn_and_never_runs_twice(aiohttp_client
     await agent.jobs.wait_idle()
     assert len(reviewer.prompts) == 2  # the one cut short, then one after turn 2
     assert [row[1:3] for row in stored(tmp_path)] == [(2, 5)]  # the answer to the second
-
-
-async def wait_until(check: Any, timeout: float = 5) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out waiting")
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import skills_ref
 import agentik_skills
 from agentik.core.app import AGENT, SETTINGS
 from agentik_skills.mining import SYSTEM_PROMPT
-from tests.conftest import script_fake
+from tests.conftest import script_fake, wait_until
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_skills import (
     app_env,
@@ -157,14 +157,6 @@ async def test_never_twice_at_once_and_never_in_a_turns_way(client, fake, skills
     await agent.jobs.wait_idle()
     assert not miner.running and (skills_dir / "deploy-app/SKILL.md").is_file()
     assert len(mining_calls(fake)) == 2  # the one cut short, then the whole one
-
-
-async def wait_until(check: Any, timeout: float = 5) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out waiting")
 
 
 async def test_turns_are_counted_in_the_store_across_a_restart(
