@@ -132,9 +132,8 @@ async def direct_ttft(session: Any, base_url: str, text: str) -> float:
 
 
 async def ttft_added(base_url: str, n: int) -> dict[str, Any]:
-    agentik = start_agentik(
-        base_url, AGENTIK_LOAD_PLUGINS="agentik_llm_openai,agentik_transport_http"
-    )
+    bare = "agentik_llm_openai,agentik_transport_http"  # no memory, no tools: the same prompt
+    agentik = start_agentik(base_url, AGENTIK_LOAD_PLUGINS=bare, AGENTIK_MEMORY_BACKEND="off")
     a: list[float] = []
     d: list[float] = []
     try:
