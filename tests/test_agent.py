@@ -235,8 +235,11 @@ async def test_interrupt_stops_the_turn_and_the_next_send_works(make_agent):
     assert conv.interrupt() is False
     await conv.send(text("next"))
     await conv.wait_idle()
-    # the model is told its last reply was cut, before the user's text
-    assert (await conv.get_messages())[-1].payload["text"] == f"echo: {INTERRUPTED_NOTE}\n\nnext"
+    assert (await conv.get_messages())[-1].payload["text"] == "echo: next"
+    # rebuilt after the interrupt: the partial reply as it was, the note in the system prompt
+    (partial,) = [h for h in llm.conversations[-1].history if h.role == "assistant"]
+    assert partial.text == msgs[1].payload["text"] and partial.extra == {"interrupted": True}
+    assert llm.prompts[-1].endswith(INTERRUPTED_NOTE)
 
 
 async def test_a_model_that_keeps_calling_tools_gets_a_last_request_without_them(make_agent):

@@ -1201,8 +1201,8 @@ async def test_the_last_request_of_a_tool_loop_offers_no_tools(
 async def test_after_an_interrupt_the_model_sees_its_partial_reply_and_a_note_it_does_not_echo(
     fake: FakeOpenAI, backend: OpenAIBackend
 ) -> None:
-    """The partial reply goes back as it was; the note that it was cut comes before the next
-    user message (at the end of the model's own reply, a small model repeated it)."""
+    """The partial reply goes back as it was, and the system prompt says replies were cut: a
+    mark at the end of the reply (or before the next message), a small model repeated."""
     agent, conv = await chat(backend)
     fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."), Reply("Sure."))
     events = asyncio.ensure_future(collect_turn(conv))
@@ -1218,10 +1218,10 @@ async def test_after_an_interrupt_the_model_sees_its_partial_reply_and_a_note_it
     sent = fake.requests[1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     partial = "".join(e.text for e in got if e.type == "AppendText")
-    assert partial and sent[2]["content"] == partial
-    assert sent[3]["content"] == f"{INTERRUPTED_NOTE}\n\nstop"
-    await turn_events(conv, "and then?")  # the note is said once
-    assert fake.requests[2]["messages"][-1]["content"] == "and then?"
+    assert partial and sent[2]["content"] == partial and sent[3]["content"] == "stop"
+    assert sent[0]["content"] == f"sys\n\n{INTERRUPTED_NOTE}"
+    await turn_events(conv, "and then?")  # the live conversation goes on: same system prompt
+    assert fake.requests[2]["messages"][0] == sent[0]
     # the interrupted turn's counts: the server got its prompt and streamed some words
     interrupted = next(m for m in await conv.get_messages() if m.kind == "assistant").payload
     tokens = interrupted["tokens"]

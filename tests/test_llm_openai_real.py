@@ -174,16 +174,16 @@ async def test_after_an_interrupt_the_next_turn_works(real: RealServer) -> None:
     assert conv.interrupt()
     got = await events
     assert types(got)[-2:] == ["Interrupted", "End"]
-    # the server takes user, assistant (partial, as it was), user (with the note first)
+    # the server takes user, assistant (partial, as it was), user; the note is system-side
     second = await turn(conv, "Stop. Say OK.")
     assert "Error" not in types(second)
     messages = conv._llm.messages
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
     partial = "".join(e.text for e in got if e.type == "AppendText")
-    assert messages[2]["content"] == partial and "interrupted" not in partial
-    assert messages[3]["content"].startswith(INTERRUPTED_NOTE)
-    print("the reply after the note:", messages[4]["content"])  # pytest -rP shows it
-    assert "[Note" not in messages[4]["content"]  # the model did not echo the note
+    assert messages[2]["content"] == partial and messages[3]["content"] == "Stop. Say OK."
+    assert messages[0]["content"].endswith(INTERRUPTED_NOTE)
+    print("the reply after the interrupt:", repr(messages[4]["content"]))  # pytest -rP
+    assert "[interrupted" not in messages[4]["content"]  # what it repeated before
     # the interrupted turn's counts: estimated, not null (its prompt was processed)
     record = next(m.payload for m in await conv.get_messages() if m.kind == "assistant")
     assert record["tokens"]["estimated"] is True and record["tokens"]["input"] > 0
@@ -326,12 +326,11 @@ async def test_a_one_shot_call_is_capped_counted_and_calibrates_the_estimate(
     OPENAI_MAX_TOKENS says, and its server-counted usage is recorded and calibrates."""
     backend = make_backend(real, max_tokens=4000, context_window=N_CTX)
     agent = ChatAgent(store=MemoryStore(), llm=backend)
-    prompt = "Write a very long story about a dragon who counts stars, with many chapters."
-    answer = await ask(agent, prompt, feature="test", max_tokens=40)
+    # (this model answers nothing to a lone user message: a system prompt makes it talk)
+    answer = await ask(agent, "Tell me a long story about a dragon.", feature="test",
+                       max_tokens=40, system_prompt="You are a helpful assistant.")  # fmt: skip
     assert answer.usage is not None and not answer.usage.estimated  # not streamed: counted
     assert answer.usage.output_tokens <= 40 and answer.truncated
-    assert agent.token_scale.samples == 1
-    print("tokens per estimated token:", agent.token_scale.factor)
     (usage,) = (await agent.store.background_usage()).values()
     assert usage.calls == 1 and usage.input == answer.usage.input_tokens and not usage.estimated
     # a transcript longer than the window is fitted to it: the call is not refused
@@ -345,12 +344,15 @@ async def test_a_one_shot_call_is_capped_counted_and_calibrates_the_estimate(
         max_tokens=64,
         transcript=transcript,
     )
+    assert agent.token_scale.samples == 1  # the first prompt was too short to learn from
+    print("tokens per estimated token:", agent.token_scale.factor)  # pytest -rP shows it
     both = (await agent.store.background_usage())["test"]
     assert both.calls == 2 and not both.estimated  # answered, and counted by the server
     assert both.input - usage.input + 64 <= N_CTX
     await backend.aclose()
 
 
+@pytest.mark.timeout(900)
 async def test_russian_and_emoji_compact_before_the_window_overflows(real: RealServer) -> None:
     """The estimate (characters / 4) said 383 tokens where the server counted 1,034 of its
     1,024: every later send got no reply. Now the estimate counts such text high, compaction
@@ -363,7 +365,7 @@ async def test_russian_and_emoji_compact_before_the_window_overflows(real: RealS
         line = "Привет! Расскажи мне, пожалуйста, что-нибудь интересное о звёздах 🌟✨🙂. "  # noqa: RUF001
         results = []
         for i in range(12):
-            events = await turn(conv, f"{i}. {line * 2}", timeout=300)
+            events = await turn(conv, f"{i}. {line}", timeout=300)
             results.append(types(events))
         print("compactions:", conv.compactions, "errors:", [r for r in results if "Error" in r])
         assert conv.compactions >= 1

@@ -72,9 +72,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
-#: put before the next user message the model sees after an interrupted reply: on the user's
-#: side, so that the model does not repeat it (a mark at the end of its own reply, it did)
-INTERRUPTED_NOTE = "[Note: the user interrupted your previous reply.]"
+#: added to the system prompt while working memory holds a reply the user interrupted (marked
+#: ``extra["interrupted"]``): a mark at the end of the reply itself, small models repeated
+INTERRUPTED_NOTE = (
+    "Some of your replies in this conversation were interrupted by the user: they end where "
+    "they were cut off."
+)
 #: the Error of a turn whose model still called a tool when it was offered none
 TOOL_LOOP = "tool_loop"
 NEW_CONVERSATION = "start a new conversation"
@@ -209,7 +212,6 @@ class ChatConversation:
         self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
         self._running: str | None = None  # the user message id of the running turn
         self._unverified: int | None = None  # the unscaled estimate of a context just built
-        self._after_interrupt = False  # the model's last reply was cut by an interrupt
         self._turns: int | None = None  # user messages stored, once counted (count_turns)
         self._unconfirmed: set[str] = set()  # keyed sends whose write raised (see _accept)
         #: plugins' per-conversation state, by plugin name (counters, caches). It lives as long
@@ -497,6 +499,8 @@ class ChatConversation:
                 [r.item for r in rows],
                 self.agent.tools.specs(),
             )
+            if any(i.extra.get("interrupted") for i in items):
+                prompt = f"{prompt}\n\n{INTERRUPTED_NOTE}" if prompt else INTERRUPTED_NOTE
             self._llm = self.agent.llm.create_conversation(prompt, items, specs)
             self._unverified = context_tokens(prompt, items, specs)  # the only full scan
             self.context_tokens = self.agent.token_scale(self._unverified)
@@ -565,13 +569,9 @@ class ChatConversation:
             await self._reset_llm()
         await self._live_llm()
         images = self._images(turn.user)
-        model_text = f"{INTERRUPTED_NOTE}\n\n{text}" if self._after_interrupt else text
-        self._after_interrupt = False
-        turn.memory.append(HistoryItem("user", model_text, extra=self._images_extra(images)))
+        turn.memory.append(HistoryItem("user", text, extra=self._images_extra(images)))
         extra = await self.agent.before_turn(self, text)
-        inputs: Sequence[LLMInput] = [
-            UserInput(f"{extra}\n\n{model_text}" if extra else model_text, images)
-        ]
+        inputs: Sequence[LLMInput] = [UserInput(f"{extra}\n\n{text}" if extra else text, images)]
         rounds = 0  # steps whose tool calls ran
         while True:
             step_text: list[str] = []
@@ -830,7 +830,8 @@ class ChatConversation:
             payload["interrupted"] = True
         elif turn.truncated:
             payload["truncated"] = True
-        memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
+        mark = {"interrupted": True} if interrupted else {}
+        memory = [HistoryItem("assistant", "".join(last_step), extra=mark)] if last_step else []
         await self._write(
             [Message(new_id("as"), self.id, "assistant", utcnow(), payload)], memory, turn
         )
@@ -850,13 +851,12 @@ class ChatConversation:
         await self._reset_llm()
         for call_id in list(turn.open_calls):
             await self._record_result(turn, call_id, "Error: interrupted", True)
-        # the model gets what it had said (an empty reply keeps its context from holding user,
-        # user) and a note before the next user message says it was cut
+        # the model gets what it had said as it was (an empty reply keeps its context from
+        # holding user, user), marked for the system prompt's note (see INTERRUPTED_NOTE)
         partial = "".join(turn.text[turn.step_start :])
         said = [partial]
         if not partial and (turn.called_tools or not turn.memory):
             said = []  # it ends with tool results, or the user's text never reached memory
-        self._after_interrupt = bool(said) or turn.called_tools
         await self._finish(turn, said, turn.tokens_so_far(), interrupted=True)
 
     async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
