@@ -50,7 +50,7 @@ SUITE = {  # id -> (module, timeout s)
     "B20": ("b20_a2a.py", 400),
     "B21": ("b21_client_events.py", 300),
     "B22": ("b22_agui_turn.py", 300),
-    "B23": ("b23_local_model.py", 1800),  # needs AGENTIK_REAL_LLM_PYTHON (make test-real)
+    "B25": ("b25_local_model.py", 1800),  # needs AGENTIK_REAL_LLM_PYTHON (make test-real)
 }
 
 

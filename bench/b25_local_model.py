@@ -1,4 +1,4 @@
-"""B23: agentik on a small local model (issue 23): llama-cpp-python serving Gemma 3 270M on the
+"""B25: agentik on a small local model (issue 23): llama-cpp-python serving Gemma 3 270M on the
 CPU, as ``make test-real`` sets it up (its ``.venv-real``; run ``make test-real`` once first).
 
 1. **TTFT added**: time to first token of one turn through ``agentik serve`` (POST …/messages
@@ -20,7 +20,7 @@ CPU, as ``make test-real`` sets it up (its ``.venv-real``; run ``make test-real`
    (e.g. ``/work/main/.venv/bin/agentik``). Configurations alternate, a fresh server each run.
 
     make test-real                                           # once: builds .venv-real
-    AGENTIK_REAL_LLM_PYTHON=.venv-real/bin/python python bench/b23_local_model.py [--quick]
+    AGENTIK_REAL_LLM_PYTHON=.venv-real/bin/python python bench/b25_local_model.py [--quick]
 
 Without ``AGENTIK_REAL_LLM_PYTHON`` it reports that it did not run.
 """
