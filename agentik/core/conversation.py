@@ -212,6 +212,7 @@ class ChatConversation:
         self._llm_stale = False  # memory was compacted: rebuild the live LLM at the next turn
         self._running: str | None = None  # the user message id of the running turn
         self._unverified: int | None = None  # the unscaled estimate of a context just built
+        self._holds_interrupted = False  # working memory holds a reply the user interrupted
         self._turns: int | None = None  # user messages stored, once counted (count_turns)
         self._unconfirmed: set[str] = set()  # keyed sends whose write raised (see _accept)
         #: plugins' per-conversation state, by plugin name (counters, caches). It lives as long
@@ -494,19 +495,23 @@ class ChatConversation:
     async def _live_llm(self) -> LLMConversation:
         if self._llm is None:
             rows = await self._store.list_memory(self.id)
-            prompt, items, specs = (
-                self.agent.system_prompt(),
-                [r.item for r in rows],
-                self.agent.tools.specs(),
-            )
-            if any(i.extra.get("interrupted") for i in items):
-                prompt = f"{prompt}\n\n{INTERRUPTED_NOTE}" if prompt else INTERRUPTED_NOTE
+            items = [r.item for r in rows]
+            self._holds_interrupted = any(i.extra.get("interrupted") for i in items)
+            prompt, specs = self._model_prompt(), self.agent.tools.specs()
             self._llm = self.agent.llm.create_conversation(prompt, items, specs)
             self._unverified = context_tokens(prompt, items, specs)  # the only full scan
             self.context_tokens = self.agent.token_scale(self._unverified)
             self._llm_stale = False
             self.llm_builds += 1
         return self._llm
+
+    def _model_prompt(self) -> str:
+        """The system prompt the model gets: the sections', and :data:`INTERRUPTED_NOTE` while
+        working memory holds a reply the user interrupted."""
+        prompt = self.agent.system_prompt()
+        if not self._holds_interrupted:
+            return prompt
+        return f"{prompt}\n\n{INTERRUPTED_NOTE}" if prompt else INTERRUPTED_NOTE
 
     async def _reset_llm(self) -> None:
         llm, self._llm = self._llm, None
@@ -857,6 +862,7 @@ class ChatConversation:
         said = [partial]
         if not partial and (turn.called_tools or not turn.memory):
             said = []  # it ends with tool results, or the user's text never reached memory
+        self._holds_interrupted = self._holds_interrupted or bool(said)
         await self._finish(turn, said, turn.tokens_so_far(), interrupted=True)
 
     async def _fail(self, turn: _Turn, message: str, code: str | None) -> None:
