@@ -445,7 +445,11 @@ class TurnClient:
             await r.read()
 
     async def turn(
-        self, text: str, cid: str | None = None, times: list[float] | None = None
+        self,
+        text: str,
+        cid: str | None = None,
+        times: list[float] | None = None,
+        timeout: float = 60,
     ) -> dict[str, float]:
         """One turn on a new (or the given) conversation: wall ms to the first token and End,
         both from just before the POST."""
@@ -454,7 +458,7 @@ class TurnClient:
         try:
             t0 = time.perf_counter()
             await self.post(cid, text)
-            tokens, first, end = await asyncio.wait_for(sse.read_turn(times), 60)
+            tokens, first, end = await asyncio.wait_for(sse.read_turn(times), timeout)
         finally:
             sse.close()
         return {"tokens": tokens, "ttft_ms": (first - t0) * 1e3, "wall_ms": (end - t0) * 1e3}

@@ -71,6 +71,15 @@ async def collect_turn(conv: Any, after: int | None = None, timeout: float = 10)
     return out
 
 
+async def wait_until(check: Callable[[], Any], timeout: float = 5) -> None:
+    """Poll ``check()`` until it is true (every 10 ms, at most ``timeout`` seconds)."""
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out waiting")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,6 +188,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 # a title call after the first reply would take the fake's next scripted
                 # reply; tests of titles turn it on
                 "AGENTIK_AUTO_TITLE": "0",
+                "AGENTIK_BACKGROUND_IDLE": "0",  # background model calls at once
                 "AGENTIK_MODELS_DIR": str(tmp_path / "models"),  # never the user's cache
                 **env,
             }

@@ -10,8 +10,9 @@ import pytest
 
 from agentik import hookimpl
 from agentik.core.agent import ConversationClosed
+from agentik.core.conversation import INTERRUPTED_NOTE
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, ToolResultInput, Usage
-from agentik.core.testing import ScriptedLLM, test_plugins
+from agentik.core.testing import ScriptedLLM, run_turn, test_plugins
 from agentik.core.tools import ToolError, tool
 from agentik.core.types import (
     AgentEvent,
@@ -248,6 +249,98 @@ async def test_interrupt_stops_the_turn_and_the_next_send_works(make_agent):
     await conv.send(text("next"))
     await conv.wait_idle()
     assert (await conv.get_messages())[-1].payload["text"] == "echo: next"
+    # rebuilt after the interrupt: the partial reply as it was, the note in the system prompt
+    (partial,) = [h for h in llm.conversations[-1].history if h.role == "assistant"]
+    assert partial.text == msgs[1].payload["text"] and partial.extra == {"interrupted": True}
+    assert llm.prompts[-1].endswith(INTERRUPTED_NOTE)
+
+
+async def test_a_model_that_keeps_calling_tools_gets_a_last_request_without_them(make_agent):
+    """A small model called a tool 27 and 40 times in a row, the conversation busy for
+    minutes: after AGENTIK_MAX_TOOL_ROUNDS rounds the model is asked once more without tools;
+    a tool call then ends the turn with an Error that says so."""
+    asked_without: list[int] = []
+
+    class Looping(ScriptedLLM):
+        def default(self, inputs):
+            return [ToolCallRequest(f"c{len(self.received)}", "add", '{"a": 1, "b": 1}')]
+
+    llm = Looping()
+    agent = await make_agent(llm, tools=[add], max_tool_rounds=3)
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("loop"))
+    got = await events
+    assert [e.type for e in got].count("ToolResult") == 3
+    assert got[-2].type == "Error" and got[-2].code == "tool_loop"
+    assert "kept calling tools" in got[-2].message and "AGENTIK_MAX_TOOL_ROUNDS" in got[-2].message
+    assert len(llm.received) == 4  # three rounds, then the last request
+    assert kinds(await conv.get_messages())[-1] == "error"
+    assert await agent.store.list_memory(conv.id) == []  # F2: a failed turn leaves nothing
+
+    # a model that answers when it is offered no tools ends the turn with its answer
+    class Answering(Looping):
+        def create_conversation(self, system_prompt, history, tools):
+            conv = super().create_conversation(system_prompt, history, tools)
+
+            def without_tools(inputs):
+                asked_without.append(len(self.received))
+                self.steps.append(["Done: 2."])
+                return conv.stream(inputs)
+
+            conv.stream_without_tools = without_tools
+            return conv
+
+    agent = await make_agent(Answering(), tools=[add], max_tool_rounds=2, db=":memory:")
+    turn = await run_turn(agent, "loop")
+    assert turn.text == "Done: 2." and turn.types.count("ToolCall") == 2
+    assert asked_without == [2]
+
+
+async def test_an_interrupted_turn_records_what_is_known_of_its_counts(make_agent):
+    """Its prompt was processed all the same: the finished steps' counts plus an estimate of
+    the cut step's text, never 0 (it was recorded as null, and counted 0 in the stats)."""
+    gate = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        await gate.wait()
+        return "ok"
+
+    llm = ScriptedLLM(
+        [ToolCallRequest("c1", "wait", "{}"), Usage(100, 10)],
+        ["word "] * 1000,  # no usage: it is cut first
+        delay=0.005,
+    )
+    agent = await make_agent(llm, tools=[wait])
+    conv = await agent.create_conversation()
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("go"))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.sleep(0.1)  # some words of the second step streamed
+    assert conv.interrupt()
+    got = await events
+    words = sum(e.type == "AppendText" for e in got)
+    assert 0 < words < 1000
+    tokens = (await conv.get_messages())[-1].payload["tokens"]
+    assert tokens["input"] == 100 and tokens["estimated"] is True
+    assert tokens["output"] == 10 + len("word ") * words // 4
+    stats = await conv.token_stats()
+    assert (stats.input, stats.uncounted) == (100, 0)
+
+    # cut before any step finished: estimates of what was sent and streamed
+    llm.steps = [["word "] * 1000]
+    events = asyncio.ensure_future(collect_turn(conv))
+    await asyncio.sleep(0)
+    await conv.send(text("again"))
+    await asyncio.sleep(0.05)
+    assert conv.interrupt()
+    await events
+    tokens = (await conv.get_messages())[-1].payload["tokens"]
+    assert tokens["input"] > 0 and tokens["output"] > 0 and tokens["estimated"] is True
 
 
 async def test_interrupt_during_a_tool_call_closes_the_pair(make_agent):

@@ -15,14 +15,16 @@ import agentik_compaction
 from agentik import hookimpl
 from agentik.core.app import AGENT
 from agentik.core.cli import banner
-from agentik.core.context import compaction_cut
+from agentik.core.context import compaction_cut, context_tokens, estimate_tokens
 from agentik.core.llm import (
     CONTEXT_LENGTH,
+    SILENT_REFUSAL,
     HistoryItem,
     LLMError,
     LLMInput,
     ToolCallRequest,
     ToolResultInput,
+    Usage,
     UserInput,
 )
 from agentik.core.store import MemoryRow
@@ -32,14 +34,14 @@ from agentik.core.types import TextPart
 from tests.conftest import collect_turn
 
 PLUGIN = ("agentik_compaction", agentik_compaction)
-PADDING = "x" * 60  # each turn is ~40 tokens: a 400-token window compacts every few turns
+PADDING = "x" * 300  # each turn is ~170 tokens: a 1,600-token window compacts every few turns
 
 
 class WindowLLM(ScriptedLLM):
     """A scripted backend with a context window; it reports no token usage, so the turn
     engine's chars/4 estimate is what compaction sees. ``summaries`` script ``complete``."""
 
-    def __init__(self, *steps: Any, window: int | None = 400, summaries: Sequence[Any] = ()):
+    def __init__(self, *steps: Any, window: int | None = 1600, summaries: Sequence[Any] = ()):
         super().__init__(*steps)
         self.context_window = window
         self.summaries = list(summaries)
@@ -85,7 +87,7 @@ async def test_compacts_at_the_threshold_keeping_the_last_four_turns(aiohttp_cli
         compacted += [(i, e) for e in events if e.type == "Compacted"]
     assert len(compacted) == conv.compactions >= 2
     for _, event in compacted:
-        assert event.tokens_before >= 320 > event.tokens_after  # 80 % of 400
+        assert event.tokens_before >= 1280 > event.tokens_after  # 80 % of 1,600
     # what the model got after the last compaction: the summary, then whole turns
     last_i = compacted[-1][0]
     history = llm.conversations[-1].history
@@ -107,7 +109,7 @@ async def test_compacts_at_the_threshold_keeping_the_last_four_turns(aiohttp_cli
     assert memory[0].item.text == summaries[-1].payload["text"]
 
 
-async def fill(conv: Any, turns: int, size: int = 60) -> None:
+async def fill(conv: Any, turns: int, size: int = 300) -> None:
     for i in range(turns):
         await turn(conv, f"question {i} " + "x" * size)
 
@@ -118,7 +120,7 @@ async def test_a_failing_summary_leaves_memory_as_it_was(aiohttp_client, caplog)
     conv = await agent.create_conversation()
     await fill(conv, 6)
     before = await agent.store.list_memory(conv.id)
-    llm.context_window = 300  # now over the threshold
+    llm.context_window = 1200  # now over the threshold
     llm.summaries = [LLMError("the endpoint answered 500", "http_500")]
     with caplog.at_level(logging.WARNING):
         events = await turn(conv, "still there?")
@@ -131,16 +133,34 @@ async def test_a_failing_summary_leaves_memory_as_it_was(aiohttp_client, caplog)
 
 
 async def test_still_over_after_compacting_warns_and_goes_on(aiohttp_client, caplog):
-    llm = WindowLLM(window=400)
+    llm = WindowLLM(window=2000)
     agent = await start(aiohttp_client, llm)
     conv = await agent.create_conversation()
     with caplog.at_level(logging.WARNING):
-        await fill(conv, 7, size=500)  # every turn alone is ~130 tokens
+        await fill(conv, 7, size=2500)  # every turn alone is ~650 tokens
     assert "the context is still" in caplog.text
     records = await conv.get_messages(limit=100)
     assert [m.kind for m in records].count("assistant") == 7
     # one summary call per compaction, never a second try in the same send
     assert len(llm.summary_prompts) == conv.compactions == 2
+
+
+async def test_compaction_is_skipped_when_it_would_gain_little_and_said_once(
+    aiohttp_client, caplog
+):
+    """The last 4 turns alone are over the threshold: compaction used to run before every
+    turn, each time folding one more turn into the summary for a small gain. Now the old
+    turns must hold a quarter of the window (an earlier summary aside), and the warning that
+    compaction cannot help is said once."""
+    llm = WindowLLM(window=1600)  # compacts at 1,280; each turn is ~315 tokens
+    agent = await start(aiohttp_client, llm)
+    conv = await agent.create_conversation()
+    with caplog.at_level(logging.WARNING):
+        await fill(conv, 10, size=600)
+    # turn 5: nothing to compact; 6: one old turn, too little; 7: two, compacted; 8: the
+    # summary and one turn, too little; 9: compacted; 10: too little
+    assert conv.compactions == len(llm.summary_prompts) == 2
+    assert caplog.text.count("the last turns are too long to compact") == 1
 
 
 async def test_the_memory_review_runs_beside_the_summary(aiohttp_client):
@@ -164,10 +184,10 @@ async def test_the_memory_review_runs_beside_the_summary(aiohttp_client):
     agent = await start(aiohttp_client, llm, ("memory", Memory()))
     conv = await agent.create_conversation()
     await fill(conv, 6)
-    llm.context_window = 300
+    llm.context_window = 1200
     await turn(conv, "go on")
     assert conv.compactions == 1
-    assert seen and seen[0][0] == "question 0 " + "x" * 60  # the oldest turns went to review
+    assert seen and seen[0][0] == "question 0 " + "x" * 300  # the oldest turns went to review
 
 
 async def test_a_context_length_error_forces_one_compaction_and_one_retry(aiohttp_client):
@@ -188,8 +208,35 @@ async def test_a_context_length_error_forces_one_compaction_and_one_retry(aiohtt
     assert conv.compactions == 2 and llm.steps == [["never sent"]]
 
 
+async def test_a_reply_that_never_came_near_a_known_window_is_taken_for_the_context(
+    aiohttp_client,
+):
+    """llama-cpp-python answers a streamed request it refuses with an empty stream: with a
+    known window and a context at least half of it, that is taken for a full context (one
+    compaction, one retry); the error a user finally sees says to start a new conversation."""
+    llm = WindowLLM(window=100_000)
+    agent = await start(aiohttp_client, llm)
+    conv = await agent.create_conversation()
+    await fill(conv, 6)
+    silent = LLMError("the model server ended the stream without a reply", SILENT_REFUSAL)
+    llm.steps = [silent, ["fits now"]]
+    events = await turn(conv, "next")
+    assert "Error" in [e.type for e in events] and conv.compactions == 0  # far from the window
+    llm.context_window = 1400  # the context (~1,000 tokens) is over half of it now
+    llm.steps = [silent, ["fits now"]]
+    events = await turn(conv, "next")
+    assert "Error" not in [e.type for e in events] and conv.compactions == 1
+    assert (await conv.get_messages(limit=100))[-1].payload["text"] == "fits now"
+    llm.context_window = 1200
+    llm.steps = [silent, silent, ["never sent"]]  # still no reply after the compaction
+    events = await turn(conv, "again")
+    assert events[-2].type == "Error" and events[-2].code == SILENT_REFUSAL
+    assert events[-2].message.endswith("start a new conversation")
+    assert llm.steps == [["never sent"]] and conv.compactions == 2
+
+
 async def test_a_compaction_inside_a_tool_loop_keeps_the_tool_results(aiohttp_client):
-    lookup = tool(lambda key: "y" * 400, name="lookup", description="Look up.")
+    lookup = tool(lambda key: "y" * 2000, name="lookup", description="Look up.")
 
     class Tools:
         @hookimpl
@@ -199,8 +246,8 @@ async def test_a_compaction_inside_a_tool_loop_keeps_the_tool_results(aiohttp_cl
     llm = WindowLLM(window=10_000)
     agent = await start(aiohttp_client, llm, ("tools", Tools()))
     conv = await agent.create_conversation()
-    await fill(conv, 5)
-    llm.context_window = 400  # the tool result pushes the second step over
+    await fill(conv, 8)
+    llm.context_window = 2000  # the tool result pushes the second step over
     llm.steps = [[ToolCallRequest("c1", "lookup", '{"key": "k"}')], ["found it"]]
     before = conv.compactions
     await turn(conv, "look it up")
@@ -209,8 +256,44 @@ async def test_a_compaction_inside_a_tool_loop_keeps_the_tool_results(aiohttp_cl
     assert llm.received[-1] == []
     history = llm.conversations[-1].history
     assert [h.role for h in history[-3:]] == ["user", "tool_call", "tool_result"]
-    assert history[-1].text == "y" * 400 and history[-2].call_id == "c1"
+    assert history[-1].text == "y" * 2000 and history[-2].call_id == "c1"
     assert (await conv.get_messages(limit=100))[-1].payload["text"] == "found it"
+
+
+def test_the_estimate_counts_non_latin_text_and_emoji_conservatively():
+    """Russian with emoji was estimated at 383 tokens (characters / 4) where the server counted
+    1,034 of its 1,024-token window; ASCII text keeps the 4 characters a token."""
+    assert estimate_tokens("a" * 400) == 100
+    russian = ("Привет! Расскажи, пожалуйста, как у тебя дела сегодня? 🙂🚀 " * 30)[:1532]  # noqa: RUF001
+    assert len(russian) // 4 == 383  # the old estimate
+    assert estimate_tokens(russian) >= 1000  # the server's 1,034, near enough for 80 %
+    assert estimate_tokens("日本語のテキスト") == 10  # 8 characters of 3 bytes: 5/4 each
+
+
+async def test_the_estimate_is_calibrated_by_the_counts_the_server_reports(aiohttp_client):
+    """A step right after the live conversation is built reports the server's count of the
+    whole context: the estimate learns its factor; a backend's own guess (estimated usage, as
+    the openai backend makes for llama-cpp-python's streams) is not taken over the engine's."""
+    llm = WindowLLM(window=100_000)
+    agent = await start(aiohttp_client, llm)
+    conv = await agent.create_conversation()
+    await fill(conv, 3)
+    estimate = conv.context_tokens  # the engine's own running estimate
+    llm.steps = [["sure", Usage(1, 1, estimated=True)]]  # a backend's (bad) guess
+    await turn(conv, "go on")
+    assert conv.context_tokens > estimate  # grown by the turn, not set to the guess
+    assert agent.token_scale.factor == 1.0
+    # rebuilt (a restart would do the same): the first step's count is the whole context's
+    await conv._reset_llm()
+    built = context_tokens(
+        agent.system_prompt(), [r.item for r in await agent.store.list_memory(conv.id)], []
+    )
+    llm.steps = [["ok", Usage(3 * (built + 6), 2)]]  # the model counts 3 times as many
+    await turn(conv, "hello")
+    assert agent.token_scale.factor == pytest.approx(3.0, rel=0.05)
+    await conv._reset_llm()
+    await turn(conv, "and now")  # rebuilt again: the estimate is scaled
+    assert conv.context_tokens >= 2.9 * built
 
 
 def rows(*roles_and_turns: tuple[str, str | None]) -> list[MemoryRow]:
@@ -290,7 +373,7 @@ async def test_an_interrupt_during_the_summary_leaves_memory_as_it_was(aiohttp_c
     conv = await agent.create_conversation()
     await fill(conv, 6)
     before = await agent.store.list_memory(conv.id)
-    llm.context_window = 300
+    llm.context_window = 1200
     events = asyncio.ensure_future(collect_turn(conv))
     await asyncio.sleep(0)
     await conv.send([TextPart("stop me")])

@@ -262,6 +262,10 @@ async def test_a_conversation_is_rebuilt_from_working_memory(backend):
 async def test_one_shot_completion(backend):
     assert await backend.complete("summarise", system_prompt="be short") == REPLY
     assert not backend.live  # its conversation was closed
+    # a background feature's call: capped, and counted by the engine
+    answer = await backend.one_shot("summarise", max_tokens=2)
+    assert answer.text and REPLY.startswith(answer.text) and answer.text != REPLY
+    assert answer.usage is not None and 0 < answer.usage.output_tokens <= 3
 
 
 async def test_an_interrupted_conversation_is_unusable_and_the_next_one_works(backend):

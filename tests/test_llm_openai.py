@@ -21,8 +21,10 @@ from aiohttp import web
 import agentik_llm_openai as plugin
 from agentik.core.agent import ChatAgent
 from agentik.core.cli import token_counts
+from agentik.core.context_keeper import INTERRUPTED_NOTE
 from agentik.core.llm import (
     CONTEXT_LENGTH,
+    SILENT_REFUSAL,
     HistoryItem,
     LLMChunk,
     LLMConversation,
@@ -37,7 +39,6 @@ from agentik.core.llm import (
     UserInput,
 )
 from agentik.core.registry import BackendRegistry
-from agentik.core.runner import INTERRUPTED_MARK
 from agentik.core.settings import Settings, SettingsError
 from agentik.core.store import MemoryStore, TokenStats
 from agentik.core.tools import ToolRegistry, ToolSpec, tool
@@ -496,11 +497,14 @@ async def test_a_timeout_before_the_reply_is_retried(
 ) -> None:
     llm = make_backend(fake.base_url, timeout=0.2, max_retries=1)
     fake.script(Reply("too late", delay=1.0), Reply("in time"))  # non-streamed: delays headers
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
     try:
-        assert await llm.complete("hi") == "in time"
+        answer = await llm.client.complete(body)
     finally:
         await llm.aclose()
+    assert answer["choices"][0]["message"]["content"] == "in time"
     assert len(fake.requests) == 2 and len(delays) == 1
+    # a one-shot call (a background feature's) is not sent again: see test_oneshot.py
 
 
 def test_retry_delay() -> None:
@@ -984,7 +988,7 @@ async def test_a_server_that_cannot_stream_tools_gets_a_clear_error_then_a_whole
     quirky.script(Reply("unused"))
     with pytest.raises(LLMError) as info:
         await collect(llm.create_conversation("", [], [WEATHER]), [UserInput("?")])
-    assert info.value.code == "bad_response"  # a 200 and an empty stream
+    assert info.value.code == SILENT_REFUSAL  # a 200 and an empty stream
     assert "OPENAI_TOOL_STREAMING=false" in info.value.message
     quirky.script(Reply("Automatic streaming tool choice is not supported", status=500))
     with pytest.raises(LLMError) as info:  # the same refusal, before the 200
@@ -1179,11 +1183,35 @@ async def test_a_failed_turn_keeps_what_was_shown_in_the_audit_log_only(
     await agent.close()
 
 
-async def test_after_an_interrupt_the_model_sees_its_partial_reply_marked(
+async def test_the_last_request_of_a_tool_loop_offers_no_tools(
     fake: FakeOpenAI, backend: OpenAIBackend
 ) -> None:
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return "nothing"
+
+    agent = ChatAgent(store=MemoryStore(), llm=backend, tools=ToolRegistry([lookup]),
+                      max_tool_rounds=2)  # fmt: skip
+    conv = await agent.create_conversation()
+    fake.script(*[Reply(tool_calls=[("lookup", {"key": "k"})])] * 2, Reply("Nothing found."))
+    events = await turn_events(conv, "find k")
+    assert [e.type for e in events].count("ToolResult") == 2 and events[-1].type == "End"
+    assert ["tools" in r for r in fake.requests] == [True, True, False]
+    last = fake.requests[-1]["messages"]  # the calls and results stay in the history
+    assert [m["role"] for m in last[-4:]] == ["assistant", "tool", "assistant", "tool"]
+    text = "".join(e.text for e in events if e.type == "AppendText")
+    assert text == "Nothing found."
+    await agent.close()
+
+
+async def test_after_an_interrupt_the_model_sees_its_partial_reply_and_a_note_it_does_not_echo(
+    fake: FakeOpenAI, backend: OpenAIBackend
+) -> None:
+    """The partial reply goes back as it was, and the system prompt says replies were cut: a
+    mark at the end of the reply (or before the next message), a small model repeated."""
     agent, conv = await chat(backend)
-    fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."))
+    fake.script(Reply("slow " * 200, delay=0.01), Reply("Fine."), Reply("Sure."))
     events = asyncio.ensure_future(collect_turn(conv))
     await asyncio.sleep(0)
     await conv.send([TextPart("talk")])
@@ -1197,7 +1225,14 @@ async def test_after_an_interrupt_the_model_sees_its_partial_reply_marked(
     sent = fake.requests[1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     partial = "".join(e.text for e in got if e.type == "AppendText")
-    assert partial and sent[2]["content"] == f"{partial}\n\n{INTERRUPTED_MARK}"
+    assert partial and sent[2]["content"] == partial and sent[3]["content"] == "stop"
+    assert sent[0]["content"] == f"sys\n\n{INTERRUPTED_NOTE}"
+    await turn_events(conv, "and then?")  # the live conversation goes on: same system prompt
+    assert fake.requests[2]["messages"][0] == sent[0]
+    # the interrupted turn's counts: the server got its prompt and streamed some words
+    interrupted = next(m for m in await conv.get_messages() if m.kind == "assistant").payload
+    tokens = interrupted["tokens"]
+    assert tokens["estimated"] is True and tokens["input"] > 0 and tokens["output"] > 0
     await agent.close()
 
 

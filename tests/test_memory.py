@@ -285,23 +285,45 @@ async def test_review_off_asks_nothing(app):
     assert llm.review_prompts == []
 
 
-async def test_reviews_of_one_conversation_never_overlap_nor_delay_its_turns(app):
+async def test_reviews_yield_to_turns_and_cover_every_turn_not_reviewed(app):
+    """A review waits for no turn: a turn that starts cuts the review under way short, and the
+    next review covers every turn not reviewed yet. Reviews run one at a time, whatever the
+    conversation."""
     llm = ReviewLLM(answers=[FACT] * 4)
     llm.gate = asyncio.Event()  # every review waits here
     agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_MEMORY_REVIEW_EVERY="1")
     conv = await agent.create_conversation()
-    for i in range(3):  # each turn ends while the reviews before it still wait
+    for i in range(3):  # each turn ends while the review before it waits
         assert (await turn(conv, f"turn number {i}"))[-1].type == "End"
     other = await agent.create_conversation()
-    await turn(other, "another chat")
+    assert (await turn(other, "another chat"))[-1].type == "End"
     await asyncio.sleep(0.05)
-    assert len(llm.review_prompts) == 2  # one of conv (the others queue), one of other
+    assert agent.background.counts["preempted"] == 3  # one cut short by each later turn
     llm.gate.set()
     await agent.jobs.wait_idle()
-    assert len(llm.review_prompts) == 4 and llm.most_active == 1
-    assert [p.count("turn number") for p in llm.review_prompts] == [2, 0, 2, 2]  # user, echo
+    assert llm.most_active == 1
+    done = llm.review_prompts[-2:]  # the reviews that were not cut short
+    assert [p.count("turn number") for p in done] == [6, 0]  # 3 turns: user and echo each
+    assert "another chat" in done[1]
     [note] = await agent.memory.list("preference")
-    assert note.uses == 3  # saved once, then found again three times
+    assert note.uses == 1  # saved once, then found again once
+
+
+async def test_the_review_waits_for_the_user_to_pause(app):
+    """AGENTIK_BACKGROUND_IDLE: the review of back-to-back turns runs once, after the last,
+    when no turn has run for that long (on a one-slot server it queued the next turn)."""
+    llm = ReviewLLM(answers=[FACT])
+    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_BACKGROUND_IDLE="0.4")
+    conv = await agent.create_conversation()
+    for i in range(3):
+        await turn(conv, f"turn number {i}")
+    ended = asyncio.get_running_loop().time()
+    await asyncio.sleep(0.2)
+    assert llm.review_prompts == []  # not yet
+    await agent.jobs.wait_idle()
+    assert asyncio.get_running_loop().time() - ended >= 0.4
+    (prompt,) = llm.review_prompts  # one review of the three turns
+    assert prompt.count("turn number") == 6
 
 
 async def test_by_default_one_review_reads_four_turns(app):

@@ -4,7 +4,7 @@ system prompt of later conversations."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +17,8 @@ from agentik.core.cli import banner
 from agentik.core.testing import make_app
 from agentik.core.types import TextPart
 from agentik_llm_openai.backend import OpenAIBackend
-from agentik_reflection.reflector import HEADING, validate
+from agentik_reflection.reflector import EXAMPLE, HEADING, validate
+from tests.conftest import wait_until
 from tests.fake_openai import FakeOpenAI, Reply, echo
 
 PLUGIN = ("agentik_reflection", agentik_reflection)
@@ -127,21 +128,22 @@ async def test_a_reflection_reaches_the_conversation_it_is_about(aiohttp_client,
     assert conv.llm_builds == 1  # the openai backend swapped the system message
 
 
-async def test_a_reflection_never_blocks_a_turn_and_never_runs_twice(
-    aiohttp_client, fake, tmp_path
-):
-    fake.default = reviewer = Reviewer('{"score": 5, "weakSpots": []}', delay=1.0)
+async def test_a_reflection_yields_to_a_turn_and_never_runs_twice(aiohttp_client, fake, tmp_path):
+    """A turn that starts cuts the reflection under way short (on a one-slot server it would
+    wait behind it); the reflection runs again once the turn is over, on the latest turns."""
+    fake.default = reviewer = Reviewer(
+        '{"score": 4, "weakSpots": []}', '{"score": 5, "weakSpots": []}', delay=1.0
+    )
     agent = await start(aiohttp_client, fake, tmp_path, AGENTIK_REFLECTION_INTERVAL="1")
     reflector = agent.state["agentik_reflection"]
     conv = await agent.create_conversation()
     await conv.send([TextPart("first")])
     await conv.wait_idle()
-    # the reflection of turn 1 is running (slow); turn 2 goes through meanwhile
-    await asyncio.sleep(0.1)
-    assert conv.id in reflector.running
+    await wait_until(lambda: len(reviewer.prompts) == 1)  # turn 1's reflection (slow)
     await conv.send([TextPart("second")])
     await conv.wait_idle()
-    assert conv.id in reflector.running
+    assert agent.background.counts["preempted"] == 1  # turn 2 cut it short
+    await wait_until(lambda: conv.id in reflector.running)  # and it runs again
     second = await reflector.reflect(conv)
     assert second == {
         "conversationId": conv.id,
@@ -149,8 +151,8 @@ async def test_a_reflection_never_blocks_a_turn_and_never_runs_twice(
         "reason": "a reflection is already running",
     }
     await agent.jobs.wait_idle()
-    assert len(reviewer.prompts) == 1  # the second turn's after_turn did not start another
-    assert [row[1:3] for row in stored(tmp_path)] == [(1, 5)]
+    assert len(reviewer.prompts) == 2  # the one cut short, then one after turn 2
+    assert [row[1:3] for row in stored(tmp_path)] == [(2, 5)]  # the answer to the second
 
 
 @pytest.mark.parametrize(
@@ -164,6 +166,7 @@ async def test_a_reflection_never_blocks_a_turn_and_never_runs_twice(
         {"score": 3, "weakSpots": "too long"},
         {"score": 3, "weakSpots": [1]},
         [3, ["x"]],
+        EXAMPLE,
     ],
 )
 def test_only_the_exact_shape_is_accepted(answer):
@@ -173,6 +176,23 @@ def test_only_the_exact_shape_is_accepted(answer):
 
 def test_the_shape_is_cleaned():
     assert validate({"score": 1, "weakSpots": ["  too\n long ", ""]}) == (1, ["too long"])
+    # a weak spot without a word is none (the prompt's "..." placeholder)
+    assert validate({"score": 2, "weakSpots": ["...", " - ", "…", "too long"]}) == (2, ["too long"])
+
+
+async def test_the_prompts_own_example_given_back_is_ignored(aiohttp_client, fake, tmp_path):
+    """A small model answered the prompt's example, and ``- ...`` went into every system
+    prompt: that answer is no reflection, and wordless weak spots are dropped."""
+    fake.default = Reviewer(
+        json.dumps(EXAMPLE), '{"score": 2, "weakSpots": ["...", "answers too long"]}'
+    )
+    agent = await start(aiohttp_client, fake, tmp_path, AGENTIK_REFLECTION_INTERVAL="1")
+    conv = await agent.create_conversation()
+    await turns(agent, conv, ["first", "second"])
+    assert [row[1:] for row in stored(tmp_path)] == [(2, 2, '["answers too long"]')]
+    await turns(agent, await agent.create_conversation(), ["hello"])
+    system = [r for r in fake.requests if r.get("stream")][-1]["messages"][0]["content"]
+    assert system.endswith("- answers too long") and "- ..." not in system
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,7 @@ def app_env(fake: FakeOpenAI, tmp_path: Path, **extra: str) -> dict[str, str]:
         "OPENAI_API_KEY": "sk-test",
         "OPENAI_MODEL": "fake-model",
         "OPENAI_MAX_RETRIES": "0",
+        "AGENTIK_BACKGROUND_IDLE": "0",  # background model calls at once
         **extra,
     }
 

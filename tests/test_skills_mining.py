@@ -18,7 +18,7 @@ import skills_ref
 import agentik_skills
 from agentik.core.app import AGENT, SETTINGS
 from agentik_skills.mining import SYSTEM_PROMPT
-from tests.conftest import script_fake
+from tests.conftest import script_fake, wait_until
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_skills import (
     app_env,
@@ -139,24 +139,24 @@ async def test_malformed_answers_save_nothing(client, fake, skills_dir, answer):
 
 
 async def test_never_twice_at_once_and_never_in_a_turns_way(client, fake, skills_dir):
+    """Mining waits for no turn, and no turn waits for it: a turn that starts cuts it short,
+    and it runs again once the turn is over."""
     miner = agentik_skills.miner(client.app[SETTINGS])
+    agent = client.app[AGENT]
     cid = await new_conversation(client)
-    fake.script(mined(DEPLOY, delay=1.0))
+    fake.script(mined(DEPLOY, delay=1.0), mined(DEPLOY, delay=1.0))
     await run_turn(client, cid, "one")
     await run_turn(client, cid, "two")  # starts a slow mining run in the background
-    for _ in range(100):
-        if miner.running:
-            break
-        await asyncio.sleep(0.01)
-    assert miner.running
-    await run_turn(client, cid, "three")  # a turn runs while mining waits on the model
-    assert miner.running
-    conv = await client.app[AGENT].get_conversation(cid)
+    await wait_until(lambda: len(mining_calls(fake)) == 1)  # it waits on the model
+    await run_turn(client, cid, "three")  # cuts it short, then it runs again
+    assert agent.background.counts["preempted"] == 1
+    await wait_until(lambda: miner.running)
+    conv = await agent.get_conversation(cid)
     busy = await miner.mine(conv)  # the debug endpoint's way in
     assert busy.busy and busy.saved == []
-    await client.app[AGENT].jobs.wait_idle()
+    await agent.jobs.wait_idle()
     assert not miner.running and (skills_dir / "deploy-app/SKILL.md").is_file()
-    assert len(mining_calls(fake)) == 1
+    assert len(mining_calls(fake)) == 2  # the one cut short, then the whole one
 
 
 async def test_turns_are_counted_in_the_store_across_a_restart(

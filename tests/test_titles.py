@@ -63,11 +63,10 @@ def test_an_answer_is_tidied_or_refused():
 
 async def test_the_first_reply_names_the_conversation_in_the_background(serve, fake_openai_proc):
     _, base = serve(openai_env(fake_openai_proc, AGENTIK_AUTO_TITLE="1"))
-    # the title call answers late: the next turn does not wait for it
-    await script_fake(
-        fake_openai_proc,
-        {"text": '{"title": "\\"Saying hello.\\""}', "match": ASKED, "delay": 2.0},
-    )
+    # the title call answers late: the next turn does not wait for it, it cuts the call short
+    # (a background call yields to user turns), and the call is asked again once they pause
+    title = {"text": '{"title": "\\"Saying hello.\\""}', "match": ASKED}
+    await script_fake(fake_openai_proc, {**title, "delay": 2.0}, title)
     async with RemoteAgent(base) as agent:
         conv = await agent.create_conversation()
         started = time.monotonic()
@@ -77,8 +76,10 @@ async def test_the_first_reply_names_the_conversation_in_the_background(serve, f
         assert await title_of(agent, conv.id) is None  # still being asked
         assert await wait_title(agent, conv.id) == "Saying hello"
         await turn(conv, "a third time")  # titled once: no more calls
-        [asked] = await title_requests(fake_openai_proc)
-        assert "hello there" in str(asked["messages"]) and "and again" not in str(asked)
+        asked = await title_requests(fake_openai_proc)
+        assert len(asked) in (1, 2)  # the first one cut short by the second turn, or not
+        assert all("hello there" in str(a["messages"]) for a in asked)
+        assert not any("and again" in str(a) for a in asked)
 
         # a title the user gave is kept: no call at all
         named = await agent.create_conversation(title="Mine")
@@ -91,7 +92,8 @@ async def test_the_first_reply_names_the_conversation_in_the_background(serve, f
         await turn(raced, "hello")
         await raced.rename("Chosen meanwhile")
         await asyncio.sleep(2.0)
-        assert len(await title_requests(fake_openai_proc)) == 2  # this one asked, "Mine" not
+        # this one asked, "Mine" not
+        assert len(await title_requests(fake_openai_proc)) == len(asked) + 1
         assert await title_of(agent, named.id) == "Mine"
         assert await title_of(agent, raced.id) == "Chosen meanwhile"
 

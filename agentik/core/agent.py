@@ -15,6 +15,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from agentik.core.background import Background
+from agentik.core.context import TokenScale
 from agentik.core.conversation import ChatConversation, ConversationClosed, PromptSection
 from agentik.core.embedding import EmbeddingBackend
 from agentik.core.events import EventIds, EventLog, StreamItem, unwrap
@@ -35,6 +37,7 @@ __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
 log = logging.getLogger(__name__)
 
 MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
+MAX_TOOL_ROUNDS = 20  # the default of AGENTIK_MAX_TOOL_ROUNDS
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every turn it ran
 EVENT_IDS = "event_ids"  # agent state: no event id above it was issued (persisted ahead of use)
 EVENT_ID_BLOCK = 1 << 16  # event ids reserved by one write of EVENT_IDS
@@ -61,6 +64,8 @@ class ChatAgent:
         memory: MemoryBackend | None = None,
         embedding: EmbeddingBackend | None = None,
         before_turn_timeout: float | None = None,
+        background_idle: float = 0.0,
+        max_tool_rounds: int = MAX_TOOL_ROUNDS,
     ) -> None:
         self.id = agent_id
         self.store = store
@@ -81,6 +86,13 @@ class ChatAgent:
         self.before_turn_timeout = before_turn_timeout
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
+        #: background model calls (memory review, reflection, mining): they wait until no turn
+        #: has run for ``background_idle`` seconds (agentik.core.background)
+        self.background = Background(self.jobs, self.turns_under_way, idle_after=background_idle)
+        #: how this model's token counts compare with the estimates (agentik.core.context)
+        self.token_scale = TokenScale()
+        #: tool rounds a turn may take before its model gets one last request without tools
+        self.max_tool_rounds = max_tool_rounds
         #: plugins' per-app state, by plugin name (``agent.state.setdefault("my_plugin", …)``):
         #: it lives and dies with this agent, unlike a module global shared by every app
         self.state: dict[str, Any] = {}
@@ -364,6 +376,11 @@ class ChatAgent:
         conv = self._live.get(conversation_id)
         return conv is not None and conv.busy
 
+    def turns_under_way(self) -> bool:
+        """Whether a user turn is queued or running in any conversation (they all share the
+        one LLM backend); a waiting turn asks nothing of the model."""
+        return any(conv.inbox.running for conv in self._live.values())
+
     async def count_conversations(self) -> int:
         return await self.store.count_conversations()
 
@@ -399,6 +416,17 @@ class ChatAgent:
     def announce(self, event: Event) -> None:
         """Put an event of a conversation on the agent's stream as it is (``UserMessage``)."""
         self._events.publish(event)
+
+    def turn_started(self, conversation_id: str) -> None:
+        """A turn starts: say so, and cut short the background model call under way."""
+        self.publish("TurnStarted", conversation_id)
+        self.background.turn_started()
+
+    def conversation_idle(self) -> None:
+        """A conversation ran its last queued turn: idle ones may be evicted, and background
+        model calls count their idle time from now."""
+        self.background.turn_ended()
+        self.evict_idle()
 
     def system_prompt(self) -> str:
         parts = []

@@ -328,6 +328,8 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         max_live=settings["AGENTIK_LIVE_CONVERSATIONS"],
         resume_queued=settings["AGENTIK_RESUME_QUEUED"],
         resume_turns=settings["AGENTIK_RESUME_TURNS"],
+        background_idle=settings["AGENTIK_BACKGROUND_IDLE"],
+        max_tool_rounds=settings["AGENTIK_MAX_TOOL_ROUNDS"],
         memory=memory,
         embedding=embeddings[0] if embeddings else None,
     )

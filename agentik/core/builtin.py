@@ -14,6 +14,7 @@ from agentik.core.settings import (
     parse_bool,
     parse_choice,
     parse_list,
+    parse_non_negative_float,
     parse_path,
     parse_port,
     parse_positive_float,
@@ -120,6 +121,20 @@ CORE_SETTINGS = (
         120.0,
         parse_positive_float,
         "Seconds a plugin's service may take to start before start-up stops naming it.",
+    ),
+    Setting(
+        "AGENTIK_MAX_TOOL_ROUNDS",
+        20,
+        parse_positive_int,
+        "Tool rounds a turn may take; then the model gets one last request without tools, and "
+        "a turn whose model still calls one ends with an error.",
+    ),
+    Setting(
+        "AGENTIK_BACKGROUND_IDLE",
+        10.0,
+        parse_non_negative_float,
+        "Seconds without a user turn before background model calls (memory review, reflection, "
+        "skill mining) run; a turn that starts cuts the call under way short. 0: right away.",
     ),
     Setting(
         "AGENTIK_LIVE_CONVERSATIONS",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from agentik.core.plugins import Plugins
     from agentik.core.settings import Settings
-    from agentik.core.store import TokenStats
+    from agentik.core.store import FeatureUsage, TokenStats
 
 log = logging.getLogger("agentik")
 DETAILS_TIMEOUT = 60.0
@@ -440,6 +440,7 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
         (endpoints if line.startswith(" ") else lines).append(line)
     endpoints += unannounced_routes(app, endpoints)
     stats = await agent.store.token_stats()
+    background = await agent.store.background_usage()
     convs = await agent.store.count_conversations()
     name, why = llm_choice(settings)
     return [
@@ -450,7 +451,8 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
         *(f"  {line}" for line in lines),
         f"  tools: {len(agent.tools)}"
         + (f" ({', '.join(agent.tools.names())})" if agent.tools else ""),
-        f"  tokens: {convs} convs, {stats.turns} turns, {token_counts(stats)}",
+        f"  tokens: {convs} convs, {stats.turns} turns, {token_counts(stats)}"
+        + background_counts(background),
     ]
 
 
@@ -508,6 +510,16 @@ def token_counts(stats: TokenStats) -> str:
     if stats.uncounted:
         counts += f" (+ {stats.uncounted} of {stats.turns} turns not counted)"
     return counts
+
+
+def background_counts(usage: dict[str, FeatureUsage]) -> str:
+    """``; background: 12 calls, total=6510``: the model calls the agent made for itself
+    (memory review, reflection…), which the turns' counts leave out; "" when there were none."""
+    if not usage:
+        return ""
+    calls = sum(u.calls for u in usage.values())
+    total = sum(u.input + u.output for u in usage.values())
+    return f"; background: {calls} calls, total={total}"
 
 
 def plugins_command(as_json: bool) -> int:

@@ -1,7 +1,9 @@
 """The size of a live LLM context and where working memory may be cut (context compaction, F10).
 
-Token estimates are ``chars / 4`` plus 4 per message (its role and framing), the rule of thumb
-for English text with OpenAI-style tokenisers. The turn engine keeps a running count per
+Token estimates are ``chars / 4`` plus 4 per message (its role and framing) for ASCII text,
+the rule of thumb for English with OpenAI-style tokenisers; other scripts cost more tokens per
+character, so they are counted conservatively (:func:`text_weight`), and :class:`TokenScale`
+corrects the estimate by the counts the server reports. The turn engine keeps a running count per
 conversation (see ``ChatConversation.context_tokens``): it scans working memory only when it
 builds the live LLM conversation, adds each step's new input and reply, and replaces the count
 with the backend's own (``Usage``: the prompt plus the reply) whenever a step reports one.
@@ -10,6 +12,7 @@ with the backend's own (``Usage``: the prompt plus the reply) whenever a step re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -23,17 +26,56 @@ MESSAGE_TOKENS = 4
 KEEP_TURNS = 4
 
 
+def text_weight(text: str) -> int:
+    """A text's size in quarter tokens: one per ASCII character (4 characters a token) and,
+    for every other character, two more per extra byte of its UTF-8 form: Cyrillic, Greek or
+    Arabic 3/4 of a token, CJK 5/4, an emoji 7/4. Small models' tokenisers split such text
+    much finer than English; counting low let a Russian chat with emoji overflow a 1,024-token
+    window at an estimate of 383 (issue 23)."""
+    if text.isascii():  # the usual case, at C speed
+        return len(text)
+    return len(text) + 2 * (len(text.encode("utf-8", "surrogatepass")) - len(text))
+
+
 def estimate_tokens(text: str) -> int:
-    return len(text) // 4
+    return text_weight(text) // 4
 
 
 def item_tokens(item: HistoryItem) -> int:
-    size = len(item.text) + len(item.args_json or "") + len(item.tool_name or "")
+    size = text_weight(item.text) + text_weight(item.args_json or "") + len(item.tool_name or "")
     return size // 4 + MESSAGE_TOKENS
 
 
 def inputs_tokens(inputs: Sequence[LLMInput]) -> int:
-    return sum(len(i.text) // 4 + MESSAGE_TOKENS for i in inputs)
+    return sum(estimate_tokens(i.text) + MESSAGE_TOKENS for i in inputs)
+
+
+class TokenScale:
+    """How the estimates compare with one model's own counts: a factor learnt from the
+    ``usage`` the server reports (one-shot calls, steps sent right after the live conversation
+    was built from working memory), applied to every estimate of that model's context.
+
+    It moves a quarter of the way to each new ratio, and stays between :attr:`LOW` and
+    :attr:`HIGH` (one odd reply cannot make compaction run at every turn or never)."""
+
+    LOW, HIGH = 0.5, 4.0
+    MIN_SAMPLE = 32  #: estimates smaller than this say too little about the tokeniser
+
+    def __init__(self) -> None:
+        self.factor = 1.0
+        self.samples = 0
+
+    def observe(self, estimated: int, counted: int) -> None:
+        """The server counted ``counted`` tokens where the (unscaled) estimate was ``estimated``."""
+        if estimated < self.MIN_SAMPLE or counted <= 0:
+            return
+        ratio = min(max(counted / estimated, self.LOW), self.HIGH)
+        self.factor = ratio if self.samples == 0 else 0.75 * self.factor + 0.25 * ratio
+        self.samples += 1
+
+    def __call__(self, estimate: int) -> int:
+        """``estimate`` scaled to what the model would count."""
+        return estimate if self.factor == 1.0 else math.ceil(estimate * self.factor)
 
 
 def tools_tokens(specs: Sequence[ToolSpec]) -> int:

@@ -17,9 +17,12 @@ from agentik.core.context import (
     context_tokens,
     estimate_tokens,
     inputs_tokens,
+    item_tokens,
+    text_weight,
 )
 from agentik.core.llm import (
     CONTEXT_LENGTH,
+    SILENT_REFUSAL,
     HistoryItem,
     LLMChunk,
     LLMConversation,
@@ -35,8 +38,29 @@ from agentik.core.types import Compacted, Message
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
+    from agentik.core.progress import Progress
 
 log = logging.getLogger(__name__)
+
+#: added to the system prompt while working memory holds a reply the user interrupted (marked
+#: ``extra["interrupted"]``): a mark at the end of the reply itself, small models repeated
+INTERRUPTED_NOTE = (
+    "Some of your replies in this conversation were interrupted by the user: they end where "
+    "they were cut off."
+)
+NEW_CONVERSATION = "start a new conversation"
+
+
+def start_anew(e: LLMError) -> LLMError:
+    """The error a user sees when the conversation may no longer fit the model's context even
+    after a compaction: it says to start a new conversation."""
+    if NEW_CONVERSATION in e.message:
+        return e
+    return LLMError(
+        f"{e.message}; the conversation may no longer fit the model's context window: "
+        f"{NEW_CONVERSATION}",
+        e.code,
+    )
 
 
 class ContextKeeper:
@@ -49,20 +73,21 @@ class ContextKeeper:
         self.tokens: int | None = None
         self.builds = 0  # live LLM conversations built (tests and debugging)
         self.compactions = 0  # compactions of working memory since the chat was loaded
+        self.holds_interrupted = False  # working memory holds a reply the user interrupted
+        self._unverified: int | None = None  # the unscaled estimate of a context just built
         self._compacting = asyncio.Lock()
 
     async def live(self) -> LLMConversation:
         if self.llm is None:
             conv, agent = self.conv, self.conv.agent
             rows = await conv.store.list_memory(conv.id)
-            prompt, items, specs = (
-                agent.system_prompt(),
-                [r.item for r in rows],
-                agent.tools.specs(),
-            )
+            items = [r.item for r in rows]
+            self.holds_interrupted = any(i.extra.get("interrupted") for i in items)
+            prompt, specs = self.model_prompt(), agent.tools.specs()
             self.llm = agent.llm.create_conversation(prompt, items, specs)
             self.prompt = prompt
-            self.tokens = context_tokens(prompt, items, specs)  # the only full scan
+            self._unverified = context_tokens(prompt, items, specs)  # the only full scan
+            self.tokens = agent.token_scale(self._unverified)
             self.stale = False
             self.builds += 1
         return self.llm
@@ -70,7 +95,7 @@ class ContextKeeper:
     async def reset(self) -> None:
         """Drop the live conversation (its context may be inconsistent, or memory changed)."""
         llm, self.llm = self.llm, None
-        self.tokens = None
+        self.tokens = self._unverified = None
         if llm is not None:
             try:
                 await llm.aclose()
@@ -89,37 +114,57 @@ class ContextKeeper:
             await self._update_prompt(self.llm)
         await self.live()
 
+    def model_prompt(self) -> str:
+        """The system prompt the model gets: the sections', and :data:`INTERRUPTED_NOTE` while
+        working memory holds a reply the user interrupted."""
+        prompt = self.conv.agent.system_prompt()
+        if not self.holds_interrupted:
+            return prompt
+        return f"{prompt}\n\n{INTERRUPTED_NOTE}" if prompt else INTERRUPTED_NOTE
+
     async def _update_prompt(self, llm: LLMConversation) -> None:
         """Through the backend when it can swap the prompt, else by a rebuild."""
-        prompt = self.conv.agent.system_prompt()
+        prompt = self.model_prompt()
         if prompt == self.prompt:
             return
         if not await llm.set_system_prompt(prompt):
             await self.reset()  # live() builds it again with the new prompt
             return
         if self.tokens is not None:
-            self.tokens += estimate_tokens(prompt) - estimate_tokens(self.prompt)
+            growth = estimate_tokens(prompt) - estimate_tokens(self.prompt)
+            self.tokens += self.conv.agent.token_scale(growth)
         self.prompt = prompt
 
-    async def stream(self, inputs: Sequence[LLMInput], first: bool) -> AsyncIterator[LLMChunk]:
-        """One send of a turn (``first``: its first): a compaction first when a plugin asks
-        for one, then the stream; when the endpoint refuses the context as too long, one
-        forced compaction and one retry. Keeps :attr:`tokens` running."""
+    async def stream(
+        self, turn: Progress, inputs: Sequence[LLMInput], first: bool, tools: bool = True
+    ) -> AsyncIterator[LLMChunk]:
+        """One send of ``turn`` (``first``: its first; ``tools=False``: the model is offered
+        none): a compaction first when a plugin asks for one, then the stream; when the
+        endpoint refuses the context as too long (or, with a known window and a context near
+        it, answers nothing), one forced compaction and one retry. Keeps :attr:`tokens`
+        running, and learns the server's tokens per estimated token when it counts a context
+        that was all estimated."""
         # after a compaction in a tool loop the rebuilt conversation already holds this step's
         # tool results (they are in working memory): it is sent with no new input
         if await self._compact_before_send(inputs, forced=False) and not first:
             inputs = []
         retried = False
+        scale = self.conv.agent.token_scale
         while True:
             llm = await self.live()
-            chars, usage, streamed = 0, None, False
+            new = inputs_tokens(inputs)
+            if turn.sent_estimate is None:
+                turn.sent_estimate = (self.tokens or 0) + scale(new)
+            unverified = None if self._unverified is None else self._unverified + new
+            weight, usage, streamed = 0, None, False
+            reply = llm.stream(inputs) if tools else llm.stream_without_tools(inputs)
             try:
-                async for chunk in llm.stream(inputs):
+                async for chunk in reply:
                     streamed = True
                     if isinstance(chunk, TextDelta):
-                        chars += len(chunk.text)
+                        weight += text_weight(chunk.text)
                     elif isinstance(chunk, ToolCallRequest):
-                        chars += len(chunk.name) + len(chunk.args_json)
+                        weight += len(chunk.name) + text_weight(chunk.args_json)
                     elif isinstance(chunk, Usage):
                         if (problem := usage_problem(chunk)) is not None:
                             self.bad_usage(problem)
@@ -127,18 +172,33 @@ class ContextKeeper:
                         usage = chunk
                     yield chunk
             except LLMError as e:
-                if e.code != CONTEXT_LENGTH or streamed or retried:
+                # refused again after the compaction: the last turns alone are too long
+                again = retried and e.code in (CONTEXT_LENGTH, SILENT_REFUSAL)
+                if streamed or not (again or self._may_be_full(e, new)):
                     raise
+                if retried or not await self._compact_before_send(inputs, forced=True):
+                    raise start_anew(e) from e
                 retried = True
-                if not await self._compact_before_send(inputs, forced=True):
-                    raise
                 inputs = inputs if first else []
                 continue
             break
-        if usage is not None and usage.input_tokens is not None:  # the backend's own count
+        self._unverified = None
+        if usage is not None and usage.input_tokens is not None and not usage.estimated:
+            if unverified is not None:  # the whole context was estimated: learn from it
+                scale.observe(unverified, usage.input_tokens)
             self.tokens = usage.input_tokens + (usage.output_tokens or 0)
-        elif self.tokens is not None:
-            self.tokens += inputs_tokens(inputs) + chars // 4 + MESSAGE_TOKENS
+        elif self.tokens is not None:  # the engine's estimate, not the backend's guess
+            self.tokens += scale(new + weight // 4 + MESSAGE_TOKENS)
+
+    def _may_be_full(self, e: LLMError, new: int) -> bool:
+        """Whether a failed send can be the context overflowing: the server said so, or it
+        answered nothing while the context was at least half of a known window."""
+        if e.code == CONTEXT_LENGTH:
+            return True
+        window = self.conv.agent.llm.context_window
+        if e.code != SILENT_REFUSAL or not window or self.tokens is None:
+            return False
+        return self.tokens + self.conv.agent.token_scale(new) >= window // 2
 
     def bad_usage(self, problem: str) -> None:
         llm = self.conv.agent.llm
@@ -156,7 +216,7 @@ class ContextKeeper:
         hooks = self.conv.agent.hooks
         if hooks is None or self.tokens is None:
             return False
-        tokens = self.tokens + inputs_tokens(inputs)
+        tokens = self.tokens + self.conv.agent.token_scale(inputs_tokens(inputs))
         done = self.compactions
         try:
             work = hooks.compact_context(
@@ -180,15 +240,20 @@ class ContextKeeper:
         self,
         summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
         keep_turns: int = KEEP_TURNS,
+        min_tokens: int = 0,
     ) -> Compaction | None:
         """See :meth:`ChatConversation.compact`."""
         conv, agent = self.conv, self.conv.agent
+        scale = agent.token_scale
         async with self._compacting:
             rows = await conv.store.list_memory(conv.id)
             cut = compaction_cut(rows, keep_turns, conv.running_turn)
             if cut is None:
                 return None
             old = [r.item for r in rows[:cut]]
+            fresh = [i for i in old if i.role != "summary"]  # an earlier summary is no gain
+            if min_tokens and scale(sum(map(item_tokens, fresh))) < min_tokens:
+                return None
             try:
                 text = await summarize(old)
             except Exception:
@@ -201,8 +266,8 @@ class ContextKeeper:
             summary = HistoryItem("summary", text.strip())
             before = self.tokens
             if before is None or self.stale:
-                before = context_tokens(prompt, [r.item for r in rows], specs)
-            after = context_tokens(prompt, [summary, *kept], specs)
+                before = scale(context_tokens(prompt, [r.item for r in rows], specs))
+            after = scale(context_tokens(prompt, [summary, *kept], specs))
             record = Message(new_id("sum"), conv.id, "summary", utcnow(), {"text": summary.text})
             drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
             await conv.store.compact_memory(conv.id, drop_before, summary, record)

@@ -185,6 +185,7 @@ class ChatConversation(ConversationEvents):
         self,
         summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
         keep_turns: int = KEEP_TURNS,
+        min_tokens: int = 0,
     ) -> Compaction | None:
         """Replace the old turns of working memory by one summary (F10's atomic operation).
 
@@ -193,10 +194,12 @@ class ChatConversation(ConversationEvents):
         text. Then, in one transaction, they are replaced by one ``summary`` entry and a
         ``summary`` record is added to the audit log; a :class:`Compacted` event follows and the
         live LLM conversation is rebuilt before the next send. None, and nothing changed, when
-        there is nothing to summarise or ``summarize`` returned no text or raised (logged).
-        Safe to call between turns and while one runs: compactions of a chat run one at a time.
+        there is nothing to summarise, the entries to summarise (an earlier summary aside) hold
+        fewer than ``min_tokens`` (too little to gain from a summary call), or ``summarize``
+        returned no text or raised (logged). Safe to call between turns and while one runs:
+        compactions of a chat run one at a time.
         """
-        return await self.context.compact(summarize, keep_turns)
+        return await self.context.compact(summarize, keep_turns, min_tokens)
 
     @property
     def context_tokens(self) -> int | None:

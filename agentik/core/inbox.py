@@ -162,7 +162,7 @@ class Inbox:
             if result.state is TurnState.WAITING:
                 self.held = self._answered.pop(result.id, result)
         # once this worker is done, this conversation is idle and may be dropped too
-        asyncio.get_running_loop().call_soon(conv.agent.evict_idle)
+        asyncio.get_running_loop().call_soon(conv.agent.conversation_idle)
 
     def interrupt(self) -> bool:
         """Stop the running turn, or end the waiting one; queued sends still run."""

@@ -24,6 +24,10 @@ from agentik.core.types import ImagePart, content_from_json
 #: ``LLMError.code`` of a request the endpoint refused because the context is too long; the
 #: turn engine answers it with one compaction and one retry of the step (when compaction is on)
 CONTEXT_LENGTH = "context_length"
+#: ``LLMError.code`` of a request the server took and then answered with nothing (llama-cpp-python
+#: ends a stream with no data on any refusal): one reason can be a context too long, so with a
+#: known context window the turn engine treats it like :data:`CONTEXT_LENGTH`
+SILENT_REFUSAL = "no_reply"
 
 
 class LLMError(Exception):
@@ -110,6 +114,16 @@ def usage_problem(usage: Usage) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Completion:
+    """The answer to a one-shot prompt (:meth:`LLMBackend.one_shot`): its text, the token
+    counts when the backend knows them, and whether it stopped at the output cap."""
+
+    text: str
+    usage: Usage | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Truncated:
     """The reply stopped at the output-token cap or the end of the context (OpenAI's
     ``finish_reason: "length"``), not where the model meant to stop."""
@@ -177,6 +191,13 @@ class LLMConversation(abc.ABC):
         from working memory instead. Called between turns only."""
         return False
 
+    def stream_without_tools(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        """:meth:`stream`, offering the model no tools for this reply: the last step of a turn
+        whose model kept calling tools (``AGENTIK_MAX_TOOL_ROUNDS``). This default offers them
+        all the same (a backend that cannot withhold them): a tool call then ends the turn with
+        an error."""
+        return self.stream(inputs)
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release what the conversation holds (a KV cache, a native handle)."""
 
@@ -206,3 +227,13 @@ class LLMBackend(abc.ABC):
     @abc.abstractmethod
     async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
         """One-shot completion without tools (summaries, reflection, mining, memory review)."""
+
+    async def one_shot(
+        self, prompt: str, *, system_prompt: str | None = None, max_tokens: int | None = None
+    ) -> Completion:
+        """A one-shot completion capped at ``max_tokens`` output tokens, with its token counts:
+        what :mod:`agentik.core.oneshot` calls for every background feature. A backend should
+        override it to honour the cap (a small local model that does not stop otherwise
+        generates until its context is full) and to report the server's ``usage``; this
+        default calls :meth:`complete`, uncapped and uncounted."""
+        return Completion(await self.complete(prompt, system_prompt=system_prompt))

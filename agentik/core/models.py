@@ -119,6 +119,23 @@ class AgentState(BaseModel):
         table_name = "agent_state"
 
 
+class BackgroundUsage(BaseModel):
+    """The token counts of one model call the agent made for itself (memory review, reflection,
+    skill mining, a compaction's summary): not part of any turn's counts. ``conversation_id``
+    is not a foreign key: the counts stay when their conversation is deleted."""
+
+    id = peewee.AutoField()
+    feature = peewee.TextField()
+    conversation_id = peewee.TextField(null=True)
+    created_at = peewee.TextField()
+    input_tokens = peewee.IntegerField()
+    output_tokens = peewee.IntegerField()
+    estimated = peewee.BooleanField(default=False)  # the server sent no counts
+
+    class Meta:
+        table_name = "background_usage"
+
+
 MODELS: list[type[peewee.Model]] = [
     Conversation,
     Message,
@@ -126,6 +143,7 @@ MODELS: list[type[peewee.Model]] = [
     Turn,
     ConversationAlias,
     AgentState,
+    BackgroundUsage,
 ]
 
 APPEND_ONLY_TRIGGER = """

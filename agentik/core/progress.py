@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentik.core.llm import HistoryItem, ToolCallRequest
+from agentik.core.context import estimate_tokens
+from agentik.core.llm import HistoryItem, ToolCallRequest, Usage
 from agentik.core.store import Store
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate, Wait, check_move
 from agentik.core.types import (
@@ -24,8 +25,8 @@ class Progress:
 
     __slots__ = (
         "called_tools", "calls", "compactions", "cut", "ended", "estimated", "first_input",
-        "last_total", "llm_text", "memory", "record", "sends", "state", "step_start", "steps",
-        "text", "truncated", "usage_known", "waits",
+        "last_total", "llm_text", "memory", "record", "sends", "sent_estimate", "state",
+        "step_start", "steps", "text", "truncated", "usage_known", "waits",
     )  # fmt: skip
 
     def __init__(self, record: TurnRecord, cut: bool = False) -> None:
@@ -47,9 +48,12 @@ class Progress:
         self.called_tools = False
         self.truncated = False  # the last step's reply stopped at the output-token cap
         self.estimated = False  # a step's token counts were estimated by the backend
+        # token counts (F12): the first step's input and the last step's input + output, while
+        # every step reported them; the estimate of the context the first step sent
         self.first_input: int | None = None
         self.last_total: int | None = None
         self.usage_known = True
+        self.sent_estimate: int | None = None
         self.compactions = 0  # of working memory while the turn ran (set by the runner)
 
     @property
@@ -75,6 +79,28 @@ class Progress:
         # interrupted (see Store.append); a shield per write was a third of a tool hop (B13)
         cid = self.record.conversation_id
         await store.append(cid, messages, memory, turn_id=self.id, turn=update)
+
+    def count(self, usage: Usage | None) -> None:
+        """Add one finished step's counts."""
+        if usage is None or usage.input_tokens is None:
+            self.usage_known = False
+        elif self.usage_known:
+            self.estimated |= usage.estimated
+            if self.first_input is None:
+                self.first_input = usage.input_tokens
+            self.last_total = usage.input_tokens + (usage.output_tokens or 0)
+
+    def tokens_so_far(self) -> TokenUsage:
+        """What is known of an interrupted turn's counts: its finished steps' plus an estimate
+        of the cut step's text, else estimates of what it sent and got (the server processed
+        the prompt all the same); estimated unless every part was counted."""
+        cut = estimate_tokens("".join(self.text[self.step_start :]))
+        if self.usage_known and self.first_input is not None and self.last_total is not None:
+            output = self.last_total - self.first_input + cut
+            return TokenUsage(self.first_input, output, self.estimated or cut > 0)
+        if self.sent_estimate is None:
+            return TokenUsage(None, None)
+        return TokenUsage(self.sent_estimate, estimate_tokens("".join(self.text)), True)
 
     def tokens(self, compacted: bool) -> tuple[TokenUsage, str | None]:
         """The turn's counts (F12), and what breaks the Usage contract in them, if anything:

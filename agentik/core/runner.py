@@ -39,7 +39,6 @@ from agentik.core.types import (
     Message,
     StartReasoning,
     StartResponse,
-    TokenUsage,
     Truncated,
 )
 
@@ -50,8 +49,8 @@ log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the turn was cut off by a server restart"
 STORAGE_ERROR = "the turn's end could not be recorded: the database failed"
-#: what the model sees after the partial reply of an interrupted turn (never ``user, user``)
-INTERRUPTED_MARK = "[interrupted by the user]"
+#: the Error of a turn whose model still called a tool when it was offered none
+TOOL_LOOP = "tool_loop"
 
 
 class TurnRunner:
@@ -94,7 +93,7 @@ class TurnRunner:
 
     async def _run(self, turn: Progress, cancel: bool) -> None:
         agent = self.conv.agent
-        agent.publish("TurnStarted", self.conv.id)
+        agent.turn_started(self.conv.id)
         try:
             try:
                 if cancel:
@@ -171,20 +170,28 @@ class TurnRunner:
                 results = await self.tools.run(turn)
                 # a context rebuilt from working memory (a resume) already holds the results
                 inputs = results if self.conv.context.llm is not None else []
-            step_text, calls = await self._step(turn, inputs)
+            # then one last step without tools (AGENTIK_MAX_TOOL_ROUNDS)
+            tools = turn.steps < self.conv.agent.max_tool_rounds
+            step_text, calls = await self._step(turn, inputs, tools)
             if not calls:
                 return await self._finish(turn, step_text)
+            if not tools:
+                raise LLMError(
+                    f"the model kept calling tools: after {turn.steps} rounds it was asked to "
+                    "answer without them and called another (AGENTIK_MAX_TOOL_ROUNDS)",
+                    TOOL_LOOP,
+                )
             await self.tools.record(turn, step_text, calls)
 
     async def _step(
-        self, turn: Progress, inputs: Sequence[LLMInput]
+        self, turn: Progress, inputs: Sequence[LLMInput], tools: bool = True
     ) -> tuple[list[str], list[ToolCallRequest]]:
         step_text: list[str] = []
         calls: list[ToolCallRequest] = []
         started = reasoning = False
         usage: Usage | None = None
         first, turn.sends = turn.sends == 0 and turn.state is TurnState.QUEUED, turn.sends + 1
-        async for chunk in self.conv.context.stream(inputs, first):
+        async for chunk in self.conv.context.stream(turn, inputs, first, tools):
             if isinstance(chunk, TextDelta):
                 if not started:
                     started = True
@@ -201,15 +208,9 @@ class TurnRunner:
                 calls.append(chunk)
             elif isinstance(chunk, Usage):
                 usage = chunk
-                turn.estimated |= chunk.estimated
             elif isinstance(chunk, TruncatedReply):
                 turn.truncated = True
-        if usage is None or usage.input_tokens is None:
-            turn.usage_known = False
-        elif turn.usage_known:
-            if turn.first_input is None:
-                turn.first_input = usage.input_tokens
-            turn.last_total = usage.input_tokens + (usage.output_tokens or 0)
+        turn.count(usage)
         return step_text, calls
 
     # --- the ends -----------------------------------------------------------------------------
@@ -218,7 +219,7 @@ class TurnRunner:
         self, turn: Progress, last_step: list[str], interrupted: bool = False
     ) -> None:
         self._finishing = True
-        tokens = TokenUsage(None, None)
+        tokens = turn.tokens_so_far()
         if not interrupted:
             tokens, problem = turn.tokens(self.conv.context.compactions != turn.compactions)
             if problem is not None:
@@ -228,7 +229,8 @@ class TurnRunner:
             payload["interrupted"] = True
         elif turn.truncated:
             payload["truncated"] = True
-        memory = [HistoryItem("assistant", "".join(last_step))] if last_step else []
+        mark = {"interrupted": True} if interrupted else {}
+        memory = [HistoryItem("assistant", "".join(last_step), extra=mark)] if last_step else []
         update = turn.move(TurnState.CANCELLED if interrupted else TurnState.DONE)
         record = Message(new_id("as"), self.conv.id, "assistant", utcnow(), payload)
         await turn.write(self.conv.store, [record], memory, update)
@@ -248,11 +250,13 @@ class TurnRunner:
         await self.conv.context.reset()
         while turn.calls:
             await self.tools.record_result(turn, "Error: interrupted", True)
-        # the model gets what it had said, marked, so its context never holds user, user
+        # the model gets what it had said as it was (an empty reply keeps its context from
+        # holding user, user), marked for the system prompt's note (INTERRUPTED_NOTE)
         partial = "".join(turn.text[turn.step_start :])
-        said = [f"{partial}\n\n{INTERRUPTED_MARK}" if partial else INTERRUPTED_MARK]
+        said = [partial]
         if not partial and (turn.called_tools or not turn.memory):
             said = []  # it ends with tool results, or the user's text never reached memory
+        self.conv.context.holds_interrupted |= bool(said)
         await self._finish(turn, said, interrupted=True)
 
     async def _fail(self, turn: Progress, message: str, code: str | None) -> None:
@@ -277,4 +281,4 @@ class TurnRunner:
         self._emit(End(turn.id))
 
 
-__all__ = ["INTERRUPTED_MARK", "RESTART_ERROR", "TurnRunner"]
+__all__ = ["RESTART_ERROR", "STORAGE_ERROR", "TOOL_LOOP", "TurnRunner"]

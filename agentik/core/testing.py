@@ -141,14 +141,20 @@ def make_app(
     builtins: Iterable[str] = ("agentik_transport_http",),
     load_entrypoints: bool = False,
 ) -> web.Application:
-    """A server for tests: an in-memory database, ``EchoLLM`` and no long-term memory unless
-    told otherwise (``env={"AGENTIK_MEMORY_BACKEND": ...}``).
+    """A server for tests: an in-memory database, ``EchoLLM``, no long-term memory and
+    background model calls at once (``AGENTIK_BACKGROUND_IDLE=0``) unless told otherwise
+    (``env={"AGENTIK_MEMORY_BACKEND": ...}``).
 
     ``llm`` (default an :class:`EchoLLM`) is the agent's LLM, and is registered as the backend
     ``scripted``. With ``AGENTIK_LLM_BACKEND`` in ``env`` the backend of that name is built as
     ``agentik serve`` builds it, from the plugins given: a plugin's own backend, or one that
     wraps ``scripted``."""
-    env = {"AGENTIK_DB_PATH": ":memory:", "AGENTIK_MEMORY_BACKEND": "off", **(env or {})}
+    env = {
+        "AGENTIK_DB_PATH": ":memory:",
+        "AGENTIK_MEMORY_BACKEND": "off",
+        "AGENTIK_BACKGROUND_IDLE": "0",
+        **(env or {}),
+    }
     llm = llm if llm is not None else EchoLLM()
     own = [*plugins, ("agentik.testing", _TestLLM(llm))]
     pm = test_plugins(own, builtins=builtins, load_entrypoints=load_entrypoints)

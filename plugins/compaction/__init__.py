@@ -64,7 +64,7 @@ def compact_context(
     limit = compactor.limit
     if limit is None or (not forced and context_tokens < limit):
         return None
-    return compactor.compact(conversation, context_tokens)
+    return compactor.compact(conversation, context_tokens, forced)
 
 
 @hookimpl

@@ -40,6 +40,7 @@ import litert_lm  # this module is imported only once the litert backend is chos
 
 from agentik.core.llm import (
     SUMMARY_PREFIX,
+    Completion,
     HistoryItem,
     LLMBackend,
     LLMChunk,
@@ -50,6 +51,7 @@ from agentik.core.llm import (
     TextDelta,
     ToolCallRequest,
     ToolResultInput,
+    Truncated,
     Usage,
     UserInput,
     fold_summaries,
@@ -239,8 +241,10 @@ class LiteRtConversation(LLMConversation):
         system_prompt: str,
         history: Sequence[HistoryItem],
         tools: Sequence[ToolSpec],
+        max_output_tokens: int | None = None,
     ) -> None:
         self._backend = backend
+        self._max_output_tokens = max_output_tokens  # a one-shot call's cap
         self._system_prompt, history = fold_summaries(system_prompt, history)
         self._messages = history_messages(history)
         self._tools = [_Tool(t) for t in tools]
@@ -261,6 +265,7 @@ class LiteRtConversation(LLMConversation):
             system_message=self._system_prompt or None,
             tools=self._tools or None,
             automatic_tool_calling=False,
+            max_output_tokens=self._max_output_tokens,
         )
 
     async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
@@ -490,11 +495,26 @@ class LiteRtBackend(LLMBackend):
         return LiteRtConversation(self, system_prompt, history, tools)
 
     async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
-        conv = self.create_conversation(system_prompt or "", [], [])
+        return (await self.one_shot(prompt, system_prompt=system_prompt)).text
+
+    async def one_shot(
+        self, prompt: str, *, system_prompt: str | None = None, max_tokens: int | None = None
+    ) -> Completion:
+        """A conversation of its own, capped at ``max_tokens`` (``max_output_tokens``)."""
+        if self.engine is None:
+            raise LLMError("the LiteRT-LM engine is not started", "litert")
+        conv = LiteRtConversation(self, system_prompt or "", [], [], max_output_tokens=max_tokens)
+        parts: list[str] = []
+        usage: Usage | None = None
+        truncated = False
         try:
-            parts = [
-                c.text async for c in conv.stream([UserInput(prompt)]) if isinstance(c, TextDelta)
-            ]
+            async for chunk in conv.stream([UserInput(prompt)]):
+                if isinstance(chunk, TextDelta):
+                    parts.append(chunk.text)
+                elif isinstance(chunk, Usage):
+                    usage = chunk
+                elif isinstance(chunk, Truncated):
+                    truncated = True
         finally:
             await conv.aclose()
-        return "".join(parts)
+        return Completion("".join(parts), usage, truncated)

@@ -19,8 +19,11 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
+from agentik.core.context import text_weight
 from agentik.core.llm import (
+    SILENT_REFUSAL,
     SUMMARY_PREFIX,
+    Completion,
     HistoryItem,
     LLMBackend,
     LLMChunk,
@@ -54,7 +57,6 @@ TOOLS_NOT_STREAMED_ADVICE = (
 NO_REPLY = "the model server ended the stream without a reply (its log says why)"
 ENDED_EARLY = "the model server ended the reply early"
 TOOLS_NOT_STREAMED = f"{NO_REPLY}; {TOOLS_NOT_STREAMED_ADVICE}"
-CHARS_PER_TOKEN = 4  # the usual rough estimate, when the endpoint does not count
 
 
 class OpenAIBackend(LLMBackend):
@@ -104,18 +106,31 @@ class OpenAIBackend(LLMBackend):
         return conv
 
     async def complete(self, prompt: str, *, system_prompt: str | None = None) -> str:
+        return (await self.one_shot(prompt, system_prompt=system_prompt)).text
+
+    async def one_shot(
+        self, prompt: str, *, system_prompt: str | None = None, max_tokens: int | None = None
+    ) -> Completion:
+        """Not streamed (llama-cpp-python reports ``usage`` only then), capped at ``max_tokens``
+        (else ``OPENAI_MAX_TOKENS``), and a timed-out request is not sent again: a background
+        call that took that long would only take as long again, with the user waiting."""
         messages: list[Message] = [{"role": "user", "content": prompt}]
         if system_prompt:
             messages.insert(0, {"role": "system", "content": system_prompt})
         request: dict[str, Any] = {"model": self.model, "messages": messages}
-        if self.max_tokens is not None:
-            request["max_tokens"] = self.max_tokens
-        response = await self.client.complete(request)
+        cap = max_tokens if max_tokens is not None else self.max_tokens
+        if cap is not None:
+            request["max_tokens"] = cap
+        response = await self.client.complete(request, retry_timeouts=False)
         try:
             choices = response["choices"]
             if not choices:
                 raise LLMError(f"{self.base_url} answered with no choices", "bad_response")
-            return choices[0]["message"]["content"] or ""
+            return Completion(
+                choices[0]["message"]["content"] or "",
+                _usage(response.get("usage")),
+                choices[0].get("finish_reason") == "length",
+            )
         except LLMError:
             raise
         except Exception as e:
@@ -154,7 +169,7 @@ class OpenAIConversation(LLMConversation):
         #: the summaries that opened working memory, kept after the system prompt (see
         #: agentik.core.llm.fold_summaries)
         self.summaries = summaries
-        self._tools_chars: int | None = None  # for usage estimates; counted when first needed
+        self._tools_weight: int | None = None  # for usage estimates; counted when first needed
         self.tools = [
             {
                 "type": "function",
@@ -182,15 +197,24 @@ class OpenAIConversation(LLMConversation):
         self.put_system_prompt(system_prompt)  # the history stays: only its first message
         return True
 
-    async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+    def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        return self._stream(inputs, self.tools)
+
+    def stream_without_tools(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        """The request leaves ``tools`` out (the history's tool calls and results stay)."""
+        return self._stream(inputs, [])
+
+    async def _stream(
+        self, inputs: Sequence[LLMInput], tools: list[dict[str, Any]]
+    ) -> AsyncIterator[LLMChunk]:
         backend = self.backend
         new = [input_message(i) for i in inputs]
         request: dict[str, Any] = {"model": backend.model, "messages": self.messages + new}
         if backend.max_tokens is not None:
             request["max_tokens"] = backend.max_tokens
-        if self.tools:  # "auto" is OpenAI's default; llama-cpp-python renders no tools without
-            request["tools"], request["tool_choice"] = self.tools, "auto"
-        whole = self.tools and not backend.tool_streaming  # servers that cannot stream tools
+        if tools:  # "auto" is OpenAI's default; llama-cpp-python renders no tools without it
+            request["tools"], request["tool_choice"] = tools, "auto"
+        whole = tools and not backend.tool_streaming  # servers that cannot stream tools
         if not whole:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
@@ -250,9 +274,10 @@ class OpenAIConversation(LLMConversation):
         except LLMError as e:
             if not whole and not text and not calls:
                 if e.message in (STREAM_CUT, ENDED_EARLY):  # a 200, then no reply: a refusal
-                    refused = TOOLS_NOT_STREAMED if self.tools else NO_REPLY
-                    raise LLMError(refused, e.code) from e
-                if self.tools and "stream" in e.message and "tool" in e.message:
+                    # of a context too long, or (with tools) of streaming a tool call
+                    refused = TOOLS_NOT_STREAMED if tools else NO_REPLY
+                    raise LLMError(refused, SILENT_REFUSAL) from e
+                if tools and "stream" in e.message and "tool" in e.message:
                     raise LLMError(f"{e.message}; {TOOLS_NOT_STREAMED_ADVICE}", e.code) from e
             raise
         except Exception as e:
@@ -272,30 +297,37 @@ class OpenAIConversation(LLMConversation):
             yield r
         if finish == "length":
             yield Truncated()
-        yield usage or self._estimate(request["messages"], reply_message, reasoning_chars)
+        yield usage or self._estimate(
+            request["messages"], bool(tools), reply_message, reasoning_chars
+        )
 
-    def _estimate(self, sent: list[Message], reply: Message, reasoning_chars: int) -> Usage:
-        """Usage when the endpoint sent none: characters / 4 of the messages and tools sent and
-        of the reply received (docs/llm_servers.md)."""
-        if self._tools_chars is None:
-            self._tools_chars = len(json.dumps(self.tools, ensure_ascii=False)) if self.tools else 0
-        sent_chars = self._tools_chars + sum(map(_message_chars, sent))
+    def _estimate(
+        self, sent: list[Message], tools: bool, reply: Message, reasoning_chars: int
+    ) -> Usage:
+        """Usage when the endpoint sent none: the estimate of :mod:`agentik.core.context` (4
+        ASCII characters a token, other scripts counted higher) of the messages and tools sent
+        and of the reply received (docs/llm_servers.md)."""
+        if self._tools_weight is None:
+            self._tools_weight = (
+                text_weight(json.dumps(self.tools, ensure_ascii=False)) if self.tools else 0
+            )
+        weight = (self._tools_weight if tools else 0) + sum(map(_message_weight, sent))
         return Usage(
-            max(1, sent_chars // CHARS_PER_TOKEN),
-            max(1, (_message_chars(reply) + reasoning_chars) // CHARS_PER_TOKEN),
+            max(1, weight // 4),
+            max(1, (_message_weight(reply) + reasoning_chars) // 4),
             estimated=True,
         )
 
 
-def _message_chars(message: Message) -> int:
-    """Characters of a message's text (images are not counted)."""
+def _message_weight(message: Message) -> int:
+    """A message's text in quarter tokens (:func:`text_weight`; images are not counted)."""
     content = message.get("content")
     if isinstance(content, str):
-        n = len(content)
+        n = text_weight(content)
     else:  # parts: text and images
-        n = sum(len(p.get("text", "")) for p in content or ())
+        n = sum(text_weight(p.get("text", "")) for p in content or ())
     for call in message.get("tool_calls") or ():
-        n += len(call["function"]["name"]) + len(call["function"]["arguments"])
+        n += len(call["function"]["name"]) + text_weight(call["function"]["arguments"])
     return n
 
 

@@ -138,9 +138,13 @@ class OpenAIClient:
     # --- requests -------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def post(self, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def post(
+        self, body: dict[str, Any], *, retry_timeouts: bool = True
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST ``body`` and hold the 2xx response open (closing it on exit, also on
-        cancellation); retries and maps every failure before that to an :class:`LLMError`."""
+        cancellation); retries and maps every failure before that to an :class:`LLMError`.
+        ``retry_timeouts=False``: a request that timed out is not sent again (a server still
+        busy with it would only queue the copy behind it)."""
         data = json.dumps(body, separators=(",", ":")).encode()
         session = self.session  # made (and the proxy read) on first use
         retry = 0
@@ -156,7 +160,7 @@ class OpenAIClient:
                     proxy_auth=self._proxy_auth,
                 )
             except TimeoutError as e:  # aiohttp's timeouts subclass it
-                error, cause, again = self.timed_out(), e, True
+                error, cause, again = self.timed_out(), e, retry_timeouts
             except aiohttp.ClientError as e:
                 message = f"could not connect to the {self.what} at {self.base_url}"
                 error, cause, again = LLMError(message, "connection"), e, True
@@ -199,9 +203,9 @@ class OpenAIClient:
                 if line.startswith(b"data:"):  # not blank separators, comments, event names
                     yield line[5:].strip()
 
-    async def complete(self, body: dict[str, Any]) -> Any:
+    async def complete(self, body: dict[str, Any], *, retry_timeouts: bool = True) -> Any:
         """POST ``body`` (not streamed) and return its decoded JSON."""
-        async with self.post(body) as resp:
+        async with self.post(body, retry_timeouts=retry_timeouts) as resp:
             raw = await resp.read()
         try:
             return json.loads(raw)

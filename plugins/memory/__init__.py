@@ -43,7 +43,8 @@ SETTINGS = (
         True,
         cfg.parse_bool,
         "1: a background model call saves the durable facts of the conversation's turns "
-        "(every AGENTIK_MEMORY_REVIEW_EVERY turns and when it goes idle); 0: off.",
+        "(every AGENTIK_MEMORY_REVIEW_EVERY turns and when it goes idle, once the user pauses: "
+        "AGENTIK_BACKGROUND_IDLE); 0: off.",
     ),
     Setting(
         "AGENTIK_MEMORY_REVIEW_EVERY",
@@ -175,11 +176,10 @@ def before_turn(conversation: Any, text: str) -> Any:
 
 
 @hookimpl
-def after_turn(conversation: Any, user_text: str, assistant_text: str) -> Any:
+def after_turn(conversation: Any, user_text: str, assistant_text: str) -> None:
     feature = feature_of(conversation.agent)
-    if feature is None:
-        return None
-    return feature.turn_ended(conversation.id, user_text, assistant_text)
+    if feature is not None:
+        feature.turn_ended(conversation.id, user_text, assistant_text)
 
 
 @hookimpl

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from agentik.core.llm import HistoryItem
 from agentik.core.memory import CATEGORIES, MemoryBackend, Note, NoteError, normalise
-from agentik.core.oneshot import ask_json, render_items
+from agentik.core.oneshot import ask_json, item_entries
 from agentik.core.tools import Tool, ToolError, tool
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
-    from agentik.core.llm import HistoryItem
 
 log = logging.getLogger("agentik.memory")
 
@@ -23,6 +23,8 @@ BLOCK_START = "[Memory context: notes from earlier conversations; use them only 
 BLOCK_END = "[End of memory context]"
 MAX_FACTS = 20
 MAX_FACT_CHARS = 1000
+#: turns of one conversation waiting for their review at most (older ones are not reviewed)
+MAX_UNREVIEWED = 8
 
 REVIEW_PROMPT = """\
 You keep the long-term memory of an assistant. Read the conversation below and pick out the \
@@ -97,12 +99,12 @@ class MemoryFeature:
         self.review_on: bool = settings["AGENTIK_MEMORY_REVIEW"]
         self.review_every: int = settings["AGENTIK_MEMORY_REVIEW_EVERY"]
         self.review_idle: float = settings["AGENTIK_MEMORY_REVIEW_IDLE"]
-        #: conversation id -> its turns since its last review, as transcripts
-        self._unreviewed: dict[str, list[str]] = {}
         #: conversation id -> the review of its unreviewed turns if no turn comes first
         self._idle: dict[str, asyncio.TimerHandle] = {}
         #: conversation id -> the review running for it (never two at once)
         self._reviews: dict[str, _Serial] = {}
+        #: conversation id -> its turns not reviewed yet, as transcript entries per turn
+        self._unreviewed: dict[str, list[list[str]]] = {}
         #: look-up and save of one fact at a time, so two reviews cannot both save it
         self._saving = asyncio.Lock()
         #: conversation id -> the notes its running turn was given (bumped when it ends)
@@ -132,12 +134,12 @@ class MemoryFeature:
             self._given[conversation_id] = [n.id for n in given]
         return block
 
-    def turn_ended(self, conversation_id: str, user_text: str, assistant_text: str) -> Any:
-        """After a turn: count the notes its prefetch gave, review it. An awaitable or None."""
+    def turn_ended(self, conversation_id: str, user_text: str, assistant_text: str) -> None:
+        """After a turn: count the notes its prefetch gave, queue its review."""
         given = self._given.pop(conversation_id, None)
         if given:
             self.agent.jobs.spawn("memory-mark-used", self.memory.mark_used(given))
-        return self.review_turn(conversation_id, user_text, assistant_text)
+        self.review_turn(conversation_id, user_text, assistant_text)
 
     # --- saving, with the same fact never stored twice ----------------------------------------
 
@@ -153,38 +155,52 @@ class MemoryFeature:
 
     # --- reviews ----------------------------------------------------------------------------
 
-    def review_turn(self, conversation_id: str, user_text: str, assistant_text: str) -> Any:
-        """Keep the turn for the conversation's next review: it runs (an awaitable is returned)
-        once ``review_every`` turns are waiting, or ``review_idle`` seconds after the last turn
-        when no other came."""
+    def review_turn(self, conversation_id: str, user_text: str, assistant_text: str) -> None:
+        """Keep the turn for the conversation's next review. A review is due once
+        ``review_every`` turns are waiting, or ``review_idle`` seconds after the last turn when
+        no other came; it then runs as a background model call (``agent.background``: once the
+        user pauses) over every turn of the conversation not reviewed yet."""
         if not self.review_on:
-            return None
+            return
         turns = self._unreviewed.setdefault(conversation_id, [])
-        turns.append(f"User: {user_text}\nAssistant: {assistant_text}")
+        turns.append(
+            item_entries([HistoryItem("user", user_text), HistoryItem("assistant", assistant_text)])
+        )
+        if len(turns) > max(MAX_UNREVIEWED, self.review_every):
+            del turns[0]
+            log.info("memory review of %s: the oldest unreviewed turn is left out", conversation_id)
         timer = self._idle.pop(conversation_id, None)
         if timer is not None:
             timer.cancel()
         if len(turns) >= self.review_every:
-            return self._review_unreviewed(conversation_id)
+            self._submit(conversation_id)
+            return
         loop = asyncio.get_running_loop()
         self._idle[conversation_id] = loop.call_later(
             self.review_idle, self._went_idle, conversation_id
         )
-        return None
 
     def _went_idle(self, conversation_id: str) -> None:
         del self._idle[conversation_id]
-        if self.agent.is_busy(conversation_id):
-            return  # a turn runs longer than the idle time: its end comes back here
-        work = self._review_unreviewed(conversation_id)
-        if work is not None:
-            self.agent.jobs.spawn(f"memory review of {conversation_id} (idle)", work)
+        self._submit(conversation_id)  # the background waits until no turn runs
 
-    def _review_unreviewed(self, conversation_id: str) -> Any:
-        turns = self._unreviewed.pop(conversation_id, None)
+    def _submit(self, conversation_id: str) -> None:
+        self.agent.background.submit(
+            "memory review", conversation_id, lambda: self.review_pending(conversation_id)
+        )
+
+    async def review_pending(self, conversation_id: str) -> int:
+        """Review the turns of ``conversation_id`` not reviewed yet; how many notes were saved.
+        Cut short (a user turn started), it leaves them for the next try."""
+        turns = list(self._unreviewed.get(conversation_id, ()))
         if not turns:
-            return None
-        return self.review(conversation_id, "\n\n".join(turns), "AUTO_REVIEW")
+            return 0
+        saved = await self.review(conversation_id, [e for t in turns for e in t], "AUTO_REVIEW")
+        left = self._unreviewed.get(conversation_id, [])
+        del left[: len(turns)]  # the turns that ended meanwhile stay
+        if not left:
+            self._unreviewed.pop(conversation_id, None)
+        return saved
 
     def close(self) -> None:
         """Shutdown: turns not reviewed yet stay so (a review is no reason to delay a stop)."""
@@ -194,22 +210,26 @@ class MemoryFeature:
         self._unreviewed.clear()
 
     def review_items(self, conversation_id: str, items: Sequence[HistoryItem]) -> Any:
-        transcript = render_items(items)
+        transcript = item_entries(items)
         if not transcript:
             return None
         return self.review(conversation_id, transcript, "PRE_COMPACTION")
 
-    async def review(self, conversation_id: str, transcript: str, source: str) -> int:
-        """Ask the model for the durable facts of ``transcript`` and save the new ones; returns
-        how many were saved. Reviews of one conversation run one at a time, in order."""
+    async def review(self, conversation_id: str, transcript: list[str], source: str) -> int:
+        """Ask the model for the durable facts of ``transcript`` (entries, oldest first) and
+        save the new ones; returns how many were saved. Reviews of one conversation run one at
+        a time, in order."""
         serial = self._reviews.setdefault(conversation_id, _Serial())
         serial.users += 1
         try:
             async with serial.lock:
                 facts = await ask_json(
-                    self.agent.llm,
-                    REVIEW_PROMPT.format(transcript=transcript),
+                    self.agent,
+                    lambda t: REVIEW_PROMPT.format(transcript=t),
                     parse_facts,
+                    feature="memory_review",
+                    transcript=transcript,
+                    conversation_id=conversation_id,
                     purpose=f"memory review of {conversation_id}",
                 )
                 saved = 0

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any, cast
 
 import peewee
 
 from agentik.core.models import for_agent
-from agentik.core.oneshot import ask_json, render_transcript
+from agentik.core.oneshot import ask_json, transcript_entries
 from agentik.core.store import utcnow
 
 if TYPE_CHECKING:
@@ -21,17 +22,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEADING = "Self-reflection: your recent weak spots"
-PROMPT = """Review how the assistant did in this recent part of a conversation with a user. \
+#: the shape the prompt shows; a small model may give it back as its answer
+EXAMPLE = {"score": 3, "weakSpots": ["...", "..."]}
+PROMPT = (
+    """Review how the assistant did in this recent part of a conversation with a user. \
 Score it from 1 (poor) to 5 (excellent) and name its weak spots: short, concrete and \
 actionable (for example "answers too long", "did not ask which city was meant"); an empty list \
 when there are none.
 
-Answer with JSON of exactly this shape: {{"score": 3, "weakSpots": ["...", "..."]}}
+Answer with JSON of exactly this shape: """
+    + json.dumps(EXAMPLE).replace("{", "{{").replace("}", "}}")
+    + """
 
 The conversation:
 {transcript}
 """
+)
 MAX_SPOTS, MAX_SPOT_CHARS = 5, 200
+#: the output cap of the answer: a score and five short weak spots
+MAX_TOKENS = 300
 
 
 class Reflection(peewee.Model):
@@ -55,7 +64,10 @@ def reflection_model() -> type[Reflection]:
 
 
 def validate(value: Any) -> tuple[int, list[str]]:
-    """``{"score": 1..5, "weakSpots": [str, ...]}`` and nothing else."""
+    """``{"score": 1..5, "weakSpots": [str, ...]}`` and nothing else; weak spots without a word
+    (``"..."``) are dropped, and the prompt's own example given back is no answer."""
+    if value == EXAMPLE:
+        raise ValueError("the answer is the prompt's example")
     if not isinstance(value, dict) or set(value) != {"score", "weakSpots"}:
         raise ValueError(f'expected {{"score", "weakSpots"}}, got {json.dumps(value)[:200]}')
     score, spots = value["score"], value["weakSpots"]
@@ -64,7 +76,7 @@ def validate(value: Any) -> tuple[int, list[str]]:
     if not isinstance(spots, list) or not all(isinstance(s, str) for s in spots):
         raise ValueError("weakSpots must be a list of strings")
     cleaned = [" ".join(s.split())[:MAX_SPOT_CHARS] for s in spots]
-    return score, [s for s in cleaned if s][:MAX_SPOTS]
+    return score, [s for s in cleaned if re.search(r"\w", s)][:MAX_SPOTS]
 
 
 class Reflector:
@@ -102,14 +114,16 @@ class Reflector:
         return f"{HEADING} (avoid repeating them):\n{lines}"
 
     async def after_turn(self, conv: ChatConversation) -> None:
-        """Reflect when ``interval`` user turns passed since the last reflection on ``conv``
-        (counted in the store, so a restart or queued messages never skip one)."""
+        """When ``interval`` user turns passed since the last reflection on ``conv`` (counted in
+        the store, so a restart or queued messages never skip one), queue a reflection: a
+        background model call that runs once the user pauses (``agent.background``)."""
         turns = await conv.count_turns()
         last = self.attempted.get(conv.id)
         if last is None:
             last = await self.db.read(lambda: self._last_turns(conv.id))
         if turns - last >= self.interval:
-            await self.reflect(conv, turns)
+            self.attempted[conv.id] = turns  # the next one is due ``interval`` turns later
+            self.agent.background.submit("reflection", conv.id, lambda: self.reflect(conv, turns))
 
     def _last_turns(self, conversation_id: str) -> int:
         m = self.model
@@ -132,13 +146,17 @@ class Reflector:
             if turns is None:
                 turns = await conv.count_turns()
             self.attempted[conv.id] = turns
-            transcript = render_transcript(await conv.recent_turns(self.interval))
+            transcript = transcript_entries(await conv.recent_turns(self.interval))
             if not transcript:
                 return {**out, "reflected": False, "reason": "no turns to reflect on"}
             answer = await ask_json(
-                self.agent.llm,
-                PROMPT.format(transcript=transcript),
+                self.agent,
+                lambda t: PROMPT.format(transcript=t),
                 validate,
+                feature="reflection",
+                max_tokens=MAX_TOKENS,
+                transcript=transcript,
+                conversation_id=conv.id,
                 purpose=f"reflection on {conv.id}",
             )
             if answer is None:

@@ -6,7 +6,8 @@ shows the model the last ``max_turns`` turns and the catalogue and asks for
 ``{"skills": [{"name", "description", "body"}]}``. Each skill is checked like a hand-written
 one and saved through the catalogue: the same name updates it, a near-duplicate (see
 :func:`find_near`) updates the skill it is near instead of adding another, an invalid one is
-logged and dropped. One mining at a time per skills folder; turns never wait for it.
+logged and dropped. One mining at a time per skills folder; turns never wait for it: the call is
+a background one (``agent.background``), run once the user pauses.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentik.core.oneshot import ask_json, render_transcript
+from agentik.core.oneshot import ask_json, transcript_entries
 from agentik_skills.folder import SkillCatalogue
 from agentik_skills.format import Skill, SkillError, clean_description, name_parts
 
@@ -52,6 +53,8 @@ Existing skills:
 
 Conversation:
 {transcript}"""
+#: the output cap of the answer: a few skills with short bodies
+MAX_TOKENS = 800
 
 
 @dataclass
@@ -123,21 +126,29 @@ class SkillMiner:
         return self._running
 
     def after_turn(self, conversation: ChatConversation) -> Awaitable[Any] | None:
-        """The ``after_turn`` hook: a mining job when the conversation's completed turns are
-        a multiple of the interval, else nothing (no job, no query)."""
+        """The ``after_turn`` hook: queues a mining pass (a background model call) when the
+        conversation's completed turns are a multiple of the interval, else nothing (no job, no
+        query); an awaitable only for a conversation whose turns it must count first."""
         if not self.interval:
             return None
         count = conversation.state.get(self.STATE)
         if count is None:  # the first turn of this live object: count in the store, once
             return self._count_then_mine(conversation)
         conversation.state[self.STATE] = count = count + 1
-        return self._mine_after(conversation, count) if count % self.interval == 0 else None
+        if count % self.interval == 0:
+            self._mine_later(conversation, count)
+        return None
 
     async def _count_then_mine(self, conversation: ChatConversation) -> None:
         turns = (await _store(conversation).token_stats(conversation.id)).turns
         conversation.state.setdefault(self.STATE, turns)
         if turns and turns % self.interval == 0:
-            await self._mine_after(conversation, turns)
+            self._mine_later(conversation, turns)
+
+    def _mine_later(self, conversation: ChatConversation, turns: int) -> None:
+        conversation.agent.background.submit(
+            "skill mining", conversation.id, lambda: self._mine_after(conversation, turns)
+        )
 
     async def _mine_after(self, conversation: ChatConversation, turns: int) -> None:
         if self._running:
@@ -161,16 +172,20 @@ class SkillMiner:
 
     async def _mine(self, conversation: ChatConversation, report: MiningReport) -> None:
         records = await _store(conversation).recent_turns(conversation.id, self.max_turns)
-        transcript = render_transcript(records)
+        transcript = transcript_entries(records)
         if not transcript:
             return
         skills = await asyncio.to_thread(self.catalogue.skills)
         listing = "\n".join(f"- {s.name}: {s.description}" for s in skills) or "(none)"
         items = await ask_json(
-            conversation.agent.llm,
-            PROMPT.format(catalogue=listing, transcript=transcript),
+            conversation.agent,
+            lambda t: PROMPT.format(catalogue=listing, transcript=t),
             parse_answer,
+            feature="skill_mining",
+            max_tokens=MAX_TOKENS,
+            transcript=transcript,
             system_prompt=SYSTEM_PROMPT,
+            conversation_id=conversation.id,
             purpose="[SkillMiner]",
         )
         if items is None:

@@ -10,8 +10,8 @@ Hooks only; the call and its answer are in ``titler.py``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from agentik.core.settings import Setting, Settings, parse_bool
 from agentik.hookspecs import hookimpl
@@ -53,19 +53,22 @@ def register_services(register: Callable[..., None], agent: ChatAgent, settings:
 
 
 @hookimpl
-def after_turn(
-    conversation: ChatConversation, user_text: str, assistant_text: str
-) -> Awaitable[Any] | None:
+def after_turn(conversation: ChatConversation, user_text: str, assistant_text: str) -> None:
     if conversation.title is not None or STATE not in conversation.agent.state:
-        return None
+        return
     # once per conversation (while it is loaded): its first reply here, not each one; never
     # a temporary one (not listed: its title would not be seen)
     if conversation.is_temporal or conversation.state.get(STATE):
-        return None
+        return
     conversation.state[STATE] = True
     from agentik_titles.titler import title_first_reply
 
-    return title_first_reply(conversation, user_text, assistant_text)
+    # a background model call: it waits for the user to pause (agentik.core.background)
+    conversation.agent.background.submit(
+        "title",
+        conversation.id,
+        lambda: title_first_reply(conversation, user_text, assistant_text),
+    )
 
 
 @hookimpl

@@ -23,6 +23,7 @@ Assistant: {assistant}
 QUOTE_CHARS = "\"'\u201c\u201d\u2018\u2019\u00ab\u00bb`*"  # quotes a model puts around a title
 MAX_CHARS = 80
 EXCHANGE_CHARS = 1500  # of each side of the exchange quoted in the prompt
+MAX_TOKENS = 60  # a title in JSON: a few words
 
 
 def validate(value: Any) -> str:
@@ -41,7 +42,15 @@ async def title_first_reply(conv: ChatConversation, user_text: str, assistant_te
     prompt = PROMPT.format(
         user=user_text[:EXCHANGE_CHARS], assistant=assistant_text[:EXCHANGE_CHARS]
     )
-    title = await ask_json(conv.agent.llm, prompt, validate, purpose="auto title")
+    title = await ask_json(
+        conv.agent,
+        prompt,
+        validate,
+        feature="title",
+        purpose="auto title",
+        max_tokens=MAX_TOKENS,
+        conversation_id=conv.id,
+    )
     if title is None:
         return
     live = await conv.agent.get_conversation(conv.id)  # it may have been reloaded meanwhile

@@ -329,8 +329,13 @@ async def export_conversation(request: web.Request) -> web.Response:
 async def agent_stats(request: web.Request) -> web.Response:
     agent: ChatAgent = request.app[AGENT]
     stats = await agent.store.token_stats()
+    background = await agent.store.background_usage()
     return web.json_response(
-        {"conversations": await agent.count_conversations(), **stats.to_json()}
+        {
+            "conversations": await agent.count_conversations(),
+            **stats.to_json(),
+            "background": {feature: usage.to_json() for feature, usage in background.items()},
+        }
     )
 
 

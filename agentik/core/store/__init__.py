@@ -2,8 +2,16 @@
 and memory (:mod:`.memory`, temporary conversations)."""
 
 from agentik.core.records import utcnow
-from agentik.core.store.base import MemoryRow, Store, TokenStats
+from agentik.core.store.base import FeatureUsage, MemoryRow, Store, TokenStats
 from agentik.core.store.memory import MemoryStore
 from agentik.core.store.sqlite import SqliteStore
 
-__all__ = ["MemoryRow", "MemoryStore", "SqliteStore", "Store", "TokenStats", "utcnow"]
+__all__ = [
+    "FeatureUsage",
+    "MemoryRow",
+    "MemoryStore",
+    "SqliteStore",
+    "Store",
+    "TokenStats",
+    "utcnow",
+]

@@ -75,6 +75,26 @@ class TokenStats:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class FeatureUsage:
+    """The token counts of one background feature's model calls, summed."""
+
+    calls: int
+    input: int
+    output: int
+    #: calls whose counts were estimated (the server sent none)
+    estimated: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "calls": self.calls,
+            "input": self.input,
+            "output": self.output,
+            "total": self.input + self.output,
+            "estimatedCalls": self.estimated,
+        }
+
+
 class Store(abc.ABC):
     """Conversations, their audit log and their working memory."""
 
@@ -232,6 +252,21 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def token_stats(self, conversation_id: str | None = None) -> TokenStats: ...
+
+    async def add_background_usage(  # noqa: B027 - optional, with a no-op default
+        self,
+        feature: str,
+        conversation_id: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        """Record the counts of one model call the agent made for itself (``feature``: e.g.
+        ``memory_review``); a store that keeps none ignores them."""
+
+    async def background_usage(self) -> dict[str, FeatureUsage]:
+        """The background calls' counts per feature (:meth:`add_background_usage`)."""
+        return {}
 
     @abc.abstractmethod
     async def read_state(self, key: str) -> str | None:

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from agentik.core.llm import HistoryItem
 from agentik.core.records import utcnow
-from agentik.core.store.base import MemoryRow, Store, TokenStats, turn_context
+from agentik.core.store.base import FeatureUsage, MemoryRow, Store, TokenStats, turn_context
 from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate, check_move
 from agentik.core.types import ConversationInfo, Message, UnknownReference
 
@@ -26,6 +26,7 @@ class MemoryStore(Store):
         self._state: dict[str, str] = {}
         self._aliases: dict[tuple[str, str], str] = {}
         self._ends: dict[str, Message] = {}  # turn id -> the record that ended it
+        self._usage: dict[str, FeatureUsage] = {}
 
     async def create_conversation(self, info: ConversationInfo) -> None:
         self._convs[info.id] = info
@@ -217,6 +218,25 @@ class MemoryStore(Store):
         if conversation_id is None:
             context = None
         return TokenStats(turns, tin, tout, uncounted, context)
+
+    async def add_background_usage(
+        self,
+        feature: str,
+        conversation_id: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        was = self._usage.get(feature, FeatureUsage(0, 0, 0))
+        self._usage[feature] = FeatureUsage(
+            was.calls + 1,
+            was.input + input_tokens,
+            was.output + output_tokens,
+            was.estimated + estimated,
+        )
+
+    async def background_usage(self) -> dict[str, FeatureUsage]:
+        return dict(self._usage)
 
     async def read_state(self, key: str) -> str | None:
         return self._state.get(key)

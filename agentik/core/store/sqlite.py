@@ -14,6 +14,7 @@ from agentik.core.db import Database
 from agentik.core.llm import HistoryItem
 from agentik.core.records import utcnow
 from agentik.core.store.base import (
+    FeatureUsage,
     MemoryRow,
     Store,
     TokenStats,
@@ -89,9 +90,13 @@ def _turn(row: Sequence[Any]) -> TurnRecord:
 class SqliteStore(Store):
     def __init__(self, db: Database) -> None:
         self.db = db
+        # this store's own class of the table: peewee binds a class to one database
+        (usage,) = models.for_agent(models.BackgroundUsage)
+        self._usage = cast(type[models.BackgroundUsage], usage)
 
     async def open(self) -> None:
         await self.db.open(models.MODELS)
+        self.db.db.bind([self._usage])
         await self.db.write(lambda: self.db.execute(models.APPEND_ONLY_TRIGGER))
         await self.db.write(self._migrate)
 
@@ -526,6 +531,43 @@ class SqliteStore(Store):
             ).fetchone()
             context = turn_context(json.loads(last[0])) if last else None
             return TokenStats(turns, tin, tout, uncounted, context)
+
+        return await self.db.read(q)
+
+    async def add_background_usage(
+        self,
+        feature: str,
+        conversation_id: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        query = self._usage.insert(
+            feature=feature,
+            conversation_id=conversation_id,
+            created_at=ts(utcnow()),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            estimated=estimated,
+        )
+        await self.db.write(query.execute)
+
+    async def background_usage(self) -> dict[str, FeatureUsage]:
+        u = self._usage
+        query = u.select(
+            u.feature,
+            peewee.fn.COUNT(u.id),
+            peewee.fn.SUM(u.input_tokens),
+            peewee.fn.SUM(u.output_tokens),
+            peewee.fn.SUM(peewee.Case(None, [(u.estimated, 1)], 0)),
+        ).group_by(u.feature)
+
+        def q() -> dict[str, FeatureUsage]:
+            rows = cast(list[tuple[str, int, int | None, int | None, int | None]], query.tuples())
+            return {
+                feature: FeatureUsage(calls, tin or 0, tout or 0, est or 0)
+                for feature, calls, tin, tout, est in rows
+            }
 
         return await self.db.read(q)
 
