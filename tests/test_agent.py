@@ -10,7 +10,7 @@ import pytest
 
 from agentik import hookimpl
 from agentik.core.agent import ConversationClosed
-from agentik.core.conversation import INTERRUPTED_NOTE
+from agentik.core.context_keeper import INTERRUPTED_NOTE
 from agentik.core.llm import LLMError, ReasoningDelta, ToolCallRequest, ToolResultInput, Usage
 from agentik.core.testing import ScriptedLLM, run_turn, test_plugins
 from agentik.core.tools import ToolError, tool

@@ -25,7 +25,7 @@ import agentik_compaction
 from agentik.core.agent import ChatAgent
 from agentik.core.app import running
 from agentik.core.context import estimate_tokens
-from agentik.core.conversation import INTERRUPTED_NOTE
+from agentik.core.context_keeper import INTERRUPTED_NOTE
 from agentik.core.llm import (
     CONTEXT_LENGTH,
     SILENT_REFUSAL,
