@@ -93,6 +93,7 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
     from agentik.core.turns import TurnRecord, TurnState, Wait
     from agentik.core.types import (
         AppendText,
+        ApprovalRequested,
         ContentPart,
         End,
         Event,
@@ -188,6 +189,7 @@ _WHERE = {
     **dict.fromkeys(
         [
             "AppendText",
+            "ApprovalRequested",
             "ContentPart",
             "End",
             "Event",

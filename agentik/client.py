@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from agentik.core.approvals import Approval, PendingApproval
 from agentik.core.types import (
     ContentPart,
     ConversationInfo,
@@ -413,6 +414,34 @@ class RemoteConversation:
         """Stop the running turn (queued sends still run); False when none was running."""
         answer = await self.agent.request("POST", f"{self._path}/interrupt")
         return bool(answer["interrupted"])
+
+    async def approvals(self) -> list[PendingApproval]:
+        """The tool calls of this conversation waiting for a person's approval, in order."""
+        page = await self.agent.request("GET", f"{self._path}/approvals")
+        return [
+            PendingApproval(
+                a["callId"], a["toolName"], a["argsJson"], a["turnId"], a.get("requestedAt")
+            )
+            for a in page["items"]
+        ]
+
+    async def approve(
+        self, call_id: str, *, note: str | None = None, args: dict[str, Any] | None = None
+    ) -> str:
+        """Approve a waiting tool call, with ``args`` to run it with instead of the model's;
+        returns its turn's state then (``running`` once every call of the step is answered).
+        An :class:`APIError` with status 409 when it was answered already, 400 when ``args``
+        do not fit the tool."""
+        return await self._answer(call_id, Approval(True, note, args))
+
+    async def deny(self, call_id: str, *, note: str | None = None) -> str:
+        """Deny a waiting tool call (the model is told, with the ``note``); see :meth:`approve`."""
+        return await self._answer(call_id, Approval(False, note))
+
+    async def _answer(self, call_id: str, approval: Approval) -> str:
+        path = f"{self._path}/approvals/{quote(call_id, safe='')}"
+        answer = await self.agent.request("POST", path, json=approval.to_json())
+        return str(answer["turn"])
 
     async def export(self, format: ExportFormat = "md") -> str:
         """The whole conversation as the server exports it: Markdown (``md``) or JSON text

@@ -268,3 +268,16 @@ async def test_concurrent_writes_are_never_lost(contract_store: Store):
     await asyncio.gather(*(send(s, f"u{i}", key=f"k{i % 20}") for i in range(100)))
     assert len(await s.list_messages("c1", None, 0, 500)) == 220  # 20 keys: 20 user messages
     assert len(await s.open_turns("c1")) == 20
+
+
+async def test_a_tool_calls_turn_is_found_by_its_call_id(contract_store: Store):
+    s = contract_store
+    await s.create_conversation(conv())
+    for turn, call in (("u1", "call_0"), ("u2", "call_0"), ("u2", "call_1")):
+        if await s.get_turn(turn) is None:
+            await send(s, turn)
+        await s.append("c1", [msg(f"tc-{turn}-{call}", "tool_call", callId=call)], turn_id=turn)
+    assert await s.tool_call_turn("c1", "call_0") == "u2"  # the latest with that id
+    assert await s.tool_call_turn("c1", "call_1") == "u2"
+    assert await s.tool_call_turn("c1", "nope") is None
+    assert await s.tool_call_turn("other", "call_0") is None

@@ -231,7 +231,7 @@ async def test_hook_tool_call_gate(aiohttp_client):
     class Gate:
         @hookimpl
         def tool_call_gate(self, conversation, call):
-            return Wait("", "approval", {"tool": call.name}) if call.name == "launch" else None
+            return Wait("", "check", {"tool": call.name}) if call.name == "launch" else None
 
     llm = ScriptedLLM([ToolCallRequest("c1", "launch", '{"target": "moon"}')], ["done"])
     app = make_app(llm=llm, plugins=[("gate", Gate()), ("t", _tools(launch))])
@@ -240,7 +240,7 @@ async def test_hook_tool_call_gate(aiohttp_client):
     turn = (await conv.store.open_turns(conv.id))[0]
     assert turn.state is TurnState.WAITING and ran == [] and not conv.inbox.running
     assert [(w.call_id, w.kind, w.request) for w in turn.waits] == [
-        ("c1", "approval", {"tool": "launch"})
+        ("c1", "check", {"tool": "launch"})
     ]
     await conv.resume_turn(turn.id, "c1", {"approve": True})
     await conv.wait_idle()
@@ -260,7 +260,7 @@ async def test_hook_tool_call_answer(aiohttp_client):
     class Gate:
         @hookimpl
         def tool_call_gate(self, call):
-            return Wait("", "approval")
+            return Wait("", "check")
 
         @hookimpl
         def tool_call_answer(self, call, wait):

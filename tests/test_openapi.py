@@ -216,6 +216,7 @@ class ToolsPlugin:
 
         register(tool(echo_tool))
         register(tool(slow_tool))
+        register(tool(echo_tool, name="guarded_tool", requires_approval=True))
 
 
 @pytest.fixture
@@ -231,11 +232,22 @@ async def api(aiohttp_client: Any) -> AsyncIterator[Api]:
         [ReasoningDelta("hmm"), "answer"],
         # 4: a turn interrupted while a tool runs
         [ToolCallRequest("c2", "slow_tool", "{}")],
+        # 5: two calls that wait for a person's approval
+        [
+            ToolCallRequest("a1", "guarded_tool", '{"x": 1}'),
+            ToolCallRequest("a2", "guarded_tool", '{"x": 2}'),
+        ],
+        ["one ran, one was denied"],
     )
     plugin = ToolsPlugin()
     env = {"AGENTIK_API_KEY": API_KEY, "AGENTIK_ALLOWED_HOSTS": "127.0.0.1"}
     client = await aiohttp_client(
-        make_app(llm=llm, plugins=[("test_tools", plugin)], env=env),
+        make_app(
+            llm=llm,
+            plugins=[("test_tools", plugin)],
+            builtins=("agentik_transport_http", "agentik_approvals"),
+            env=env,
+        ),
         headers={"Authorization": f"Bearer {API_KEY}"},
     )
     api = Api(client)
@@ -388,6 +400,39 @@ async def test_server_matches_document(api: Api) -> None:
         "Error",
     }
 
+    # approvals (in the temporary conversation: the others' stories stay as they are)
+    tbase = f"/agentik/conversations/{temp['id']}"
+    tstream = await api.stream(f"{tbase}/events")
+    await api.call("POST", f"{tbase}/messages", 202, json=TEXT)
+    await tstream.until(lambda d: d["type"] == "ApprovalRequested" and d["callId"] == "a2")
+    waiting = await api.call("GET", f"{tbase}/approvals", 200)
+    assert [(a["callId"], a["argsJson"]) for a in waiting["items"]] == [
+        ("a1", '{"x": 1}'),
+        ("a2", '{"x": 2}'),
+    ]
+    await api.call("POST", f"{tbase}/approvals/a1", 400, json={"approve": True, "args": {}})
+    await api.call("POST", f"{tbase}/approvals/a1", 400, json={"yes": True})
+    await api.call("POST", f"{tbase}/approvals/nope", 404, json={"approve": True})
+    answered = await api.call(
+        "POST", f"{tbase}/approvals/a1", 200, json={"approve": True, "args": {"x": 7}}
+    )
+    assert answered == {"callId": "a1", "status": "approved", "turn": "waiting"}
+    await api.call("POST", f"{tbase}/approvals/a1", 409, json={"approve": False})
+    denied = await api.call(
+        "POST", f"{tbase}/approvals/a2", 200, json={"approve": False, "note": "not 2"}
+    )
+    assert denied == {"callId": "a2", "status": "denied", "turn": "running"}
+    ended = await tstream.until(lambda d: d["type"] == "End")
+    results = [f["data"]["text"] for f in ended if f["event"] == "ToolResult"]
+    assert results == ["x=7", "Error: a person denied this call: not 2"]
+    assert (await api.call("GET", f"{tbase}/approvals", 200)) == {"items": []}
+    tstream.close()
+    records = (await api.call("GET", f"{tbase}/messages", 200))["items"]
+    asked = [(m["callId"], m["status"]) for m in records if m["type"] == "approval"]
+    assert asked == [("a1", "pending"), ("a2", "pending"), ("a1", "approved"), ("a2", "denied")]
+    await api.call("GET", "/agentik/conversations/conv-nope/approvals", 404)
+    await api.call("POST", "/agentik/conversations/conv-nope/approvals/a1", 404, json={})
+
     # resuming: Last-Event-ID wins over ?after=
     middle = stream.frames[len(stream.frames) // 2]["id"]
     resumed = await api.stream(
@@ -412,7 +457,7 @@ async def test_server_matches_document(api: Api) -> None:
     after = await api.call("GET", f"{base}/messages", 200, params={"after": first, "limit": "2"})
     assert after["items"][0]["id"] == history["items"][1]["id"] and after["hasMore"]
     temp_history = await api.call("GET", f"/agentik/conversations/{temp['id']}/messages", 200)
-    assert temp_history["items"] == []
+    assert [m["type"] for m in temp_history["items"]][:3] == ["user", "tool_call", "tool_call"]
 
     # the whole conversation in one document
     everything = await api.call("GET", f"{base}/messages", 200, params={"limit": "200"})
@@ -489,6 +534,8 @@ async def test_server_matches_document(api: Api) -> None:
     agent_stream.close()
     assert {f["event"] for f in agent_stream.frames} == {
         "UserMessage",
+        "ApprovalRequested",
+        "TurnWaiting",
         "ConversationCreated",
         "ConversationUpdated",
         "ConversationDeleted",
@@ -544,7 +591,7 @@ async def check_refusals(api: Api, cid: str) -> None:
     """401 without a valid key, 403 for a Host that is not served, 415 for a body that is not
     JSON: on every operation that documents them."""
     for path, ops in DOC["paths"].items():
-        concrete = path.replace("{id}", cid)
+        concrete = path.replace("{id}", cid).replace("{callId}", "call-x")
         for method, op in ops.items():
             if method not in METHODS:
                 continue
@@ -562,7 +609,7 @@ async def check_refusals(api: Api, cid: str) -> None:
 async def check_wrong_methods(api: Api, cid: str) -> None:
     spec = resolve({"$ref": "#/components/responses/MethodNotAllowed"})
     for path in DOC["paths"]:
-        concrete = path.replace("{id}", cid)
+        concrete = path.replace("{id}", cid).replace("{callId}", "call-x")
         allowed = {m.upper() for m in DOC["paths"][path] if m in METHODS}
         for method in ("PUT", "POST", "DELETE"):
             if method in allowed:

@@ -52,7 +52,7 @@ class Gate:
     @hookimpl
     def tool_call_gate(self, call):
         if call.name in self.held:
-            return Wait("", "approval", {"tool": call.name, "argsJson": call.args_json})
+            return Wait("", "check", {"tool": call.name, "argsJson": call.args_json})
         return None
 
 

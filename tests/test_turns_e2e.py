@@ -53,7 +53,7 @@ def register_tools(register):
 
 @hookimpl
 def tool_call_gate(call):
-    return Wait("", "approval", {"tool": call.name}) if call.name == GATE else None
+    return Wait("", "check", {"tool": call.name}) if call.name == GATE else None
 
 
 def setup(app, agent, settings):
@@ -234,7 +234,7 @@ async def test_kill_9_while_a_turn_waits_then_an_answer_completes_it(
         assert turn["waits"] == [
             {
                 "callId": turn["waits"][0]["callId"],
-                "kind": "approval",
+                "kind": "check",
                 "request": {"tool": "launch"},
             }
         ]

@@ -15,6 +15,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from agentik.core import approvals
+from agentik.core.approvals import APPROVAL
 from agentik.core.background import Background
 from agentik.core.context import TokenScale
 from agentik.core.conversation import ChatConversation, ConversationClosed, PromptSection
@@ -526,6 +528,8 @@ class ChatAgent:
                 return verdict
             if isinstance(verdict, tuple) and len(verdict) == 2:
                 return str(verdict[0]), bool(verdict[1])
+        if wait.kind == APPROVAL:
+            return approvals.outcome(call, wait)
         answer = wait.answer
         if isinstance(answer, str):
             return answer, False

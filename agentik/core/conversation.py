@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentik.core.approvals import APPROVAL, Approval, PendingApproval
 from agentik.core.context import KEEP_TURNS, Compaction
 from agentik.core.context_keeper import ContextKeeper
 from agentik.core.events import EventLog
@@ -19,7 +20,14 @@ from agentik.core.runner import TurnRunner
 from agentik.core.store import Store, TokenStats
 from agentik.core.stream import ConversationEvents
 from agentik.core.turns import TurnRecord, TurnState
-from agentik.core.types import ContentPart, ConversationInfo, Message, MessageContext, Via
+from agentik.core.types import (
+    ContentPart,
+    ConversationInfo,
+    Message,
+    MessageContext,
+    UnknownReference,
+    Via,
+)
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
@@ -154,6 +162,51 @@ class ChatConversation(ConversationEvents):
             return "interrupted", None
         code = end.payload.get("code") if end is not None else None
         return ("cancelled" if record.state is TurnState.CANCELLED else "failed"), code
+
+    async def approvals(self) -> list[PendingApproval]:
+        """The tool calls of this conversation waiting for a person's approval, in order."""
+        turn = await self.waiting_turn()
+        if turn is None:
+            return []
+        waits = [w for w in turn.waits if w.kind == APPROVAL and not w.answered]
+        return [PendingApproval.of(turn.id, w) for w in waits]
+
+    async def approve(
+        self, call_id: str, *, note: str | None = None, args: dict[str, Any] | None = None
+    ) -> TurnRecord:
+        """Approve a waiting tool call, with ``args`` to run it with instead of the model's
+        (checked against the tool's schema: :class:`~agentik.core.types.InvalidInput`); the
+        turn goes on once every call of its step is answered. Raises
+        :class:`~agentik.core.types.UnknownReference` for a call that does not wait here and
+        :class:`NotWaiting` for one answered already."""
+        answer = Approval(True, note, args).to_json()
+        return await self.resume_turn(await self._waiting_for(call_id), call_id, answer)
+
+    async def deny(self, call_id: str, *, note: str | None = None) -> TurnRecord:
+        """Deny a waiting tool call: the model gets a result saying a person denied it (with
+        the ``note``); see :meth:`approve`."""
+        answer = Approval(False, note).to_json()
+        return await self.resume_turn(await self._waiting_for(call_id), call_id, answer)
+
+    async def waiting_turn(self) -> TurnRecord | None:
+        """This conversation's turn that waits for answers, if one does."""
+        if self._evicted:
+            return await (await self._current()).waiting_turn()
+        held = self.inbox.held
+        if held is not None and held.state is TurnState.WAITING:
+            return held
+        waiting = [t for t in await self.store.open_turns(self.id) if t.state is TurnState.WAITING]
+        return waiting[0] if waiting else None
+
+    async def _waiting_for(self, call_id: str) -> str:
+        """The id of the turn whose wait ``call_id`` is (any turn that ever held it)."""
+        turn = await self.waiting_turn()
+        if turn is not None and any(w.call_id == call_id for w in turn.waits):
+            return turn.id
+        answered = await self.store.tool_call_turn(self.id, call_id)
+        if answered is None:
+            raise UnknownReference(f"no tool call {call_id!r} waits for an approval here")
+        return answered
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
         """One of this conversation's turns as it stands (state, steps, waits), or None."""

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from agentik.core import approvals
+from agentik.core.approvals import APPROVAL
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate
 from agentik.core.types import (
@@ -202,14 +204,18 @@ class Inbox:
                 raise UnknownReference(f"turn {turn_id} waits for no call {call_id!r}")
             if wait.answered:
                 raise NotWaiting(f"call {call_id} of turn {turn_id} was already answered")
+            records = []
+            if wait.kind == APPROVAL:  # checked, and written to the history beside the move
+                approval = approvals.check(answer, wait, self.conv.agent.tools)
+                answer = approval.to_json()
+                records.append(approvals.answer_record(self.conv.id, wait, approval))
             waits = tuple(
                 replace(w, answer=answer, answered=True) if w is wait else w for w in record.waits
             )
             state = TurnState.RUNNING if all(w.answered for w in waits) else TurnState.WAITING
+            update = TurnUpdate(state, record.step, waits)
             try:
-                await self.conv.store.update_turn(
-                    self.conv.id, turn_id, TurnUpdate(state, record.step, waits)
-                )
+                await self.conv.store.append(self.conv.id, records, turn_id=turn_id, turn=update)
             except TurnStateError as e:  # ended meanwhile (an interrupt)
                 raise NotWaiting(str(e)) from None
             record = replace(record, state=state, waits=waits)

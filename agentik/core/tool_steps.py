@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agentik.core import approvals
+from agentik.core.approvals import APPROVAL
 from agentik.core.llm import HistoryItem, LLMInput, ToolCallRequest, ToolResultInput
 from agentik.core.progress import Progress
 from agentik.core.records import new_id, utcnow
 from agentik.core.turns import TurnState
-from agentik.core.types import Message, ToolCall, ToolResult
+from agentik.core.types import ApprovalRequested, Message, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
@@ -51,10 +53,19 @@ class ToolSteps:
                 )
             )
         waits = self.conv.agent.tool_gates(self.conv, calls)
+        asked = [w for w in waits if w.kind == APPROVAL]
+        records += [approvals.request_record(self.conv.id, w) for w in asked]
         update = turn.move(TurnState.WAITING if waits else TurnState.RUNNING, waits)
         for call in calls:
             self.conv.emit(ToolCall(call.call_id, call.name, call.args_json))
         await turn.write(self.conv.store, records, memory, update)
+        for wait in asked:  # now that the turn waits in the store: an answer may come at once
+            r = wait.request
+            event = ApprovalRequested(
+                wait.call_id, r["toolName"], r["argsJson"], self.conv.id, turn.id
+            )
+            self.conv.emit(event)
+            self.conv.agent.announce(event)
 
     async def run(self, turn: Progress) -> list[LLMInput]:
         """Run the recorded calls without results, in order, each result recorded when it

@@ -46,6 +46,11 @@ class Tool:
     #: running it twice with the same arguments does no more than running it once: a call a
     #: crash cut after it started is run again when the turn resumes (else the model is told)
     idempotent: bool = False
+    #: a person approves each call before it runs (the ``approvals`` plugin holds it)
+    requires_approval: bool = False
+    #: it changes or deletes what it reaches (MCP's ``destructiveHint``):
+    #: ``AGENTIK_TOOL_APPROVAL=destructive`` holds its calls for approval
+    destructive: bool = False
 
     @property
     def name(self) -> str:
@@ -59,6 +64,7 @@ def tool(
     description: str | None = None,
     parameters: dict[str, Any] | None = None,
     idempotent: bool = False,
+    requires_approval: bool = False,
 ) -> Any:
     """Make a :class:`Tool` from a function: its JSON schema comes from the parameters' type
     hints and defaults, the description and each parameter's from the docstring
@@ -68,7 +74,8 @@ def tool(
     ``@tool`` or ``@tool(name=..., description=..., parameters=..., idempotent=...)``
     (``parameters``: a JSON schema of your own; the function then gets the decoded JSON as it
     is; ``idempotent``: a second run with the same arguments does no more than the first, so a
-    call a crash cut is run again when its turn resumes).
+    call a crash cut is run again when its turn resumes; ``requires_approval``: a person
+    approves each call before it runs).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -78,7 +85,8 @@ def tool(
             summary, schema, converters = signature_schema(f)
             call = _converting(f, converters) if converters else f
         doc = description if description is not None else summary
-        return Tool(ToolSpec(name or f.__name__, doc, schema), call, idempotent=idempotent)
+        spec = ToolSpec(name or f.__name__, doc, schema)
+        return Tool(spec, call, idempotent=idempotent, requires_approval=requires_approval)
 
     return build(fn) if fn is not None else build
 
@@ -129,9 +137,22 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
     def idempotent(self, name: str) -> bool:
         t = self._tools.get(name)
         return t is not None and t.idempotent
+
+    def problem(self, name: str, args: Any) -> str | None:
+        """What is wrong with ``args`` for the tool ``name`` (its JSON schema), or None: how a
+        person's edit of a call's arguments is checked before the call runs with them."""
+        t = self._tools.get(name)
+        if t is None:
+            return f"there is no tool {name!r}"
+        if not isinstance(args, dict):
+            return "the arguments must be a JSON object"
+        return self._check(t, args)
 
     async def invoke(self, name: str, args_json: str) -> tuple[str, bool]:
         """Run a tool; return ``(text, is_error)``. Unknown tools and bad JSON are errors."""

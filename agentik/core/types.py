@@ -464,10 +464,34 @@ class AgentEvent(Event):
         return {"type": self.kind, "conversationId": self.conversation_id}
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested(Event):
+    """A tool call waits for a person to approve it (its turn is ``waiting``): on the
+    conversation's stream and the agent's, so one dashboard can watch every conversation.
+    Answer it with ``POST …/approvals/{callId}`` (``ChatConversation.approve``/``deny``)."""
+
+    call_id: str = ""
+    tool_name: str = ""
+    args_json: str = ""
+    conversation_id: str = ""
+    turn_id: str = ""
+    type: ClassVar[str] = "ApprovalRequested"
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "ApprovalRequested",
+            "callId": self.call_id,
+            "toolName": self.tool_name,
+            "argsJson": self.args_json,
+            "conversationId": self.conversation_id,
+            "turnId": self.turn_id,
+        }
+
+
 # --- history messages (F1) ----------------------------------------------------------------
 
 MessageKind: TypeAlias = Literal[
-    "user", "assistant", "tool_call", "tool_result", "error", "summary"
+    "user", "assistant", "tool_call", "tool_result", "error", "summary", "approval"
 ]
 
 
@@ -547,6 +571,9 @@ _EVENT_READERS: dict[str, Any] = {
     "Error": lambda d: Error(d["message"], d.get("code")),
     "Compacted": lambda d: Compacted(d["summaryId"], d["tokensBefore"], d["tokensAfter"]),
     "Gap": lambda d: Gap(d["after"]),
+    "ApprovalRequested": lambda d: ApprovalRequested(
+        d["callId"], d["toolName"], d["argsJson"], d["conversationId"], d["turnId"]
+    ),
     "UserMessage": lambda d: UserMessage.of(
         Message(d["id"], d["conversationId"], "user", datetime.fromisoformat(d["createdAt"]), d)
     ),

@@ -218,9 +218,15 @@ class MCPServer:
             return await self.call(t.name, args)
 
         description = t.description or t.title or f"{t.name} (MCP server {self.name})"
-        idempotent = bool(getattr(t.annotations, "idempotent_hint", False))
+        hints = t.annotations
+        idempotent = bool(getattr(hints, "idempotent_hint", False))
+        # MCP's default for destructiveHint is true, but only where readOnlyHint is false: a
+        # tool that says nothing is not taken for destructive (no hint, no claim)
+        destructive = bool(getattr(hints, "destructive_hint", False)) and not bool(
+            getattr(hints, "read_only_hint", False)
+        )
         spec = ToolSpec(name, description, parameters(t.input_schema))
-        return Tool(spec, call, PLUGIN, idempotent=idempotent)
+        return Tool(spec, call, PLUGIN, idempotent=idempotent, destructive=destructive)
 
     async def call(self, tool: str, args: dict[str, Any]) -> str:
         conn, client = await self._live()

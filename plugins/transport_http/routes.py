@@ -12,6 +12,8 @@ from aiohttp import web
 
 from agentik.core.agent import ChatAgent, ChatConversation, ConversationClosed
 from agentik.core.app import AGENT, error_response
+from agentik.core.approvals import Approval
+from agentik.core.conversation import NotWaiting
 from agentik.core.protocol import read_history
 from agentik.core.security import event_stream
 from agentik.core.types import (
@@ -226,6 +228,29 @@ async def send_message(request: web.Request) -> web.Response:
 async def interrupt(request: web.Request) -> web.Response:
     conv = await conversation_or_404(request)
     return web.json_response({"interrupted": conv.interrupt()}, status=202)
+
+
+@routes.get("/conversations/{id}/approvals")
+async def list_approvals(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    items = [a.to_json() for a in await conv.approvals()]
+    return web.json_response({"items": items})
+
+
+@routes.post("/conversations/{id}/approvals/{callId}")
+async def answer_approval(request: web.Request) -> web.Response:
+    conv = await conversation_or_404(request)
+    call_id = request.match_info["callId"]
+    approval = Approval.from_json(await read_json(request))
+    try:
+        if approval.approve:
+            turn = await conv.approve(call_id, note=approval.note, args=approval.args)
+        else:
+            turn = await conv.deny(call_id, note=approval.note)
+    except NotWaiting as e:
+        return error_response(409, "not_waiting", str(e))
+    status = "approved" if approval.approve else "denied"
+    return web.json_response({"callId": call_id, "status": status, "turn": str(turn.state)})
 
 
 @routes.get("/conversations/{id}/messages")

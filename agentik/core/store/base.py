@@ -210,6 +210,11 @@ class Store(abc.ABC):
         ended."""
 
     @abc.abstractmethod
+    async def tool_call_turn(self, conversation_id: str, call_id: str) -> str | None:
+        """The turn of the latest tool call the model made with ``call_id`` in this
+        conversation, or None (how an answer to a call learns which turn it was for)."""
+
+    @abc.abstractmethod
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]: ...
     @abc.abstractmethod
     async def clear_memory(self, conversation_id: str) -> None: ...

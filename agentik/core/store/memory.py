@@ -26,6 +26,7 @@ class MemoryStore(Store):
         self._state: dict[str, str] = {}
         self._aliases: dict[tuple[str, str], str] = {}
         self._ends: dict[str, Message] = {}  # turn id -> the record that ended it
+        self._call_turns: dict[tuple[str, str], str] = {}  # (conversation, call id) -> turn id
         self._usage: dict[str, FeatureUsage] = {}
 
     async def create_conversation(self, info: ConversationInfo) -> None:
@@ -70,6 +71,7 @@ class MemoryStore(Store):
         self._keys = {k: t for k, t in self._keys.items() if k[0] != conversation_id}
         self._turns = {t: r for t, r in self._turns.items() if r.conversation_id != conversation_id}
         self._aliases = {k: c for k, c in self._aliases.items() if c != conversation_id}
+        self._call_turns = {k: t for k, t in self._call_turns.items() if k[0] != conversation_id}
         self._messages.pop(conversation_id, None)
         self._memory.pop(conversation_id, None)
         return self._convs.pop(conversation_id, None) is not None
@@ -93,6 +95,8 @@ class MemoryStore(Store):
             for m in messages:
                 if m.kind in ("assistant", "error"):
                     self._ends.setdefault(turn_id, m)
+                elif m.kind == "tool_call" and "callId" in m.payload:
+                    self._call_turns[conversation_id, m.payload["callId"]] = turn_id
         rows = self._memory[conversation_id]
         start = rows[-1].order_idx + 1 if rows else 0
         rows.extend(MemoryRow(i, turn_id, item) for i, item in enumerate(memory, start=start))
@@ -165,6 +169,9 @@ class MemoryStore(Store):
 
     async def turn_end(self, turn_id: str) -> Message | None:
         return self._ends.get(turn_id)
+
+    async def tool_call_turn(self, conversation_id: str, call_id: str) -> str | None:
+        return self._call_turns.get((conversation_id, call_id))
 
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
         return list(self._memory.get(conversation_id, []))

@@ -409,6 +409,17 @@ class SqliteStore(Store):
 
         return await self.db.read(q)
 
+    async def tool_call_turn(self, conversation_id: str, call_id: str) -> str | None:
+        def q() -> str | None:
+            row = self.db.execute(
+                "SELECT turn_id FROM message WHERE conversation_id = ? AND kind = 'tool_call' "
+                "AND json_extract(payload_json, '$.callId') = ? ORDER BY seq DESC LIMIT 1",
+                (conversation_id, call_id),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self.db.read(q)
+
     async def list_memory(self, conversation_id: str) -> list[MemoryRow]:
         def q() -> list[MemoryRow]:
             rows = self.db.execute(
