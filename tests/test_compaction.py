@@ -284,14 +284,14 @@ async def test_the_estimate_is_calibrated_by_the_counts_the_server_reports(aioht
     assert conv.context_tokens > estimate  # grown by the turn, not set to the guess
     assert agent.token_scale.factor == 1.0
     # rebuilt (a restart would do the same): the first step's count is the whole context's
-    await conv._reset_llm()
+    await conv.context.reset()
     built = context_tokens(
         agent.system_prompt(), [r.item for r in await agent.store.list_memory(conv.id)], []
     )
     llm.steps = [["ok", Usage(3 * (built + 6), 2)]]  # the model counts 3 times as many
     await turn(conv, "hello")
     assert agent.token_scale.factor == pytest.approx(3.0, rel=0.05)
-    await conv._reset_llm()
+    await conv.context.reset()
     await turn(conv, "and now")  # rebuilt again: the estimate is scaled
     assert conv.context_tokens >= 2.9 * built
 

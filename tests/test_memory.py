@@ -313,7 +313,13 @@ async def test_the_review_waits_for_the_user_to_pause(app):
     """AGENTIK_BACKGROUND_IDLE: the review of back-to-back turns runs once, after the last,
     when no turn has run for that long (on a one-slot server it queued the next turn)."""
     llm = ReviewLLM(answers=[FACT])
-    agent = await app("md", llm, AGENTIK_MEMORY_REVIEW="1", AGENTIK_BACKGROUND_IDLE="0.4")
+    agent = await app(
+        "md",
+        llm,
+        AGENTIK_MEMORY_REVIEW="1",
+        AGENTIK_MEMORY_REVIEW_EVERY="1",
+        AGENTIK_BACKGROUND_IDLE="0.4",
+    )
     conv = await agent.create_conversation()
     for i in range(3):
         await turn(conv, f"turn number {i}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -512,14 +513,17 @@ async def test_a_slow_check_runs_off_the_event_loop(skills_dir, monkeypatch):
     monkeypatch.setattr(folder, "LOOP_SCAN_FILES", 10)  # as if the folder were large
     scans: list[bool] = []
     real = SkillCatalogue._refresh
+    go = threading.Event()  # the thread's scan waits for it: what the caller sees is known
 
     def refresh(self: SkillCatalogue) -> None:
         scans.append(folder._on_event_loop())
+        go.wait(10)
         real(self)
 
     monkeypatch.setattr(SkillCatalogue, "_refresh", refresh)
     write(skills_dir / "new-one/SKILL.md", skill_md("new-one", "Added by hand."))
     assert "new-one" not in cat.prompt_section()
+    go.set()
     for _ in range(1000):  # the thread may wait for a CPU on a busy machine
         if "new-one" in cat.prompt_section():
             break

@@ -74,7 +74,8 @@ async def test_background_calls_are_counted_apart_per_feature(aiohttp_client, tm
     are counted per feature, apart from the turns'."""
     plugins = [("agentik_memory", agentik_memory), ("agentik_memory_md", agentik_memory_md)]
     env = {"AGENTIK_MEMORY_BACKEND": "md", "AGENTIK_MEMORY_DIR": str(tmp_path / "mem"),
-           "AGENTIK_DB_PATH": str(tmp_path / "a.db")}  # fmt: skip
+           "AGENTIK_DB_PATH": str(tmp_path / "a.db"),
+           "AGENTIK_MEMORY_REVIEW_EVERY": "1"}  # fmt: skip
     app = make_app(
         llm=Counted(["a", Usage(100, 10)], ["b", Usage(130, 5)]), plugins=plugins, env=env
     )
