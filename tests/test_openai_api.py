@@ -76,15 +76,20 @@ class Served:
 
 
 @pytest.fixture
-def serve(aiohttp_client: Any, tmp_path: Any) -> Any:
+async def serve(aiohttp_client: Any, tmp_path: Any) -> Any:
+    made: list[Served] = []
+
     async def make(llm: ScriptedLLM | None = None, db: str = "a.db", **env: str) -> Served:
         env = {"AGENTIK_DB_PATH": str(tmp_path / db), **env}
         app = make_app(
             llm=llm or ScriptedLLM(), plugins=[("add", AddTool())], builtins=BUILTINS, env=env
         )
-        return Served(app, await aiohttp_client(app), env.get("AGENTIK_API_KEY", "unused"))
+        made.append(Served(app, await aiohttp_client(app), env.get("AGENTIK_API_KEY", "unused")))
+        return made[-1]
 
-    return make
+    yield make
+    for served in made:  # a client left open is closed by the garbage collector in a later loop
+        await served.sdk.close()
 
 
 def user(text: str) -> dict[str, Any]:
@@ -492,13 +497,13 @@ async def test_what_continues_a_conversation_survives_a_restart(serve: Any, tmp_
 async def test_the_key_guards_the_api(serve: Any) -> None:
     served = await serve(AGENTIK_API_KEY=KEY)
     assert (await served.chat([user("hi")])).choices[0].message.content == "echo: hi"
-    anonymous = openai.AsyncOpenAI(
+    async with openai.AsyncOpenAI(
         base_url=str(served.client.make_url("/v1")), api_key="wrong-key", max_retries=0
-    )
-    with pytest.raises(openai.AuthenticationError):
-        await anonymous.models.list()
-    with pytest.raises(openai.AuthenticationError):
-        await anonymous.chat.completions.create(model="agentik", messages=[user("x")])
+    ) as anonymous:
+        with pytest.raises(openai.AuthenticationError):
+            await anonymous.models.list()
+        with pytest.raises(openai.AuthenticationError):
+            await anonymous.chat.completions.create(model="agentik", messages=[user("x")])
 
 
 def test_a_model_id_with_spaces_stops_start_up() -> None:

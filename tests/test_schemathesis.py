@@ -35,6 +35,14 @@ def test_schemathesis_finds_nothing(serve, fake_openai_proc, tmp_path):
             "5",
             "--seed",
             "1",  # the same cases every run: a failure here reproduces
+            # every warning but "missing test data": a pending approval's callId exists only
+            # once a model asks for the call, so that route answers 404 here; test_openapi
+            # walks it with a real waiting call
+            "--warnings",
+            "missing_auth,base_url_mismatch,validation_mismatch,missing_deserializer,"
+            "unused_openapi_auth,unsupported_regex,method_not_allowed,constants_extraction,"
+            "unmatched_filter,unresolvable_reference,low_valid_rate,rate_limited,"
+            "dictionary_mismatch,timeout_units",
             "--generation-database",
             "none",  # nothing replayed from earlier runs, nothing written to the checkout
             # SSE streams never end: read what comes within it, then check it

@@ -66,7 +66,8 @@ async def test_the_first_reply_names_the_conversation_in_the_background(serve, f
     # the title call answers late: the next turn does not wait for it, it cuts the call short
     # (a background call yields to user turns), and the call is asked again once they pause
     title = {"text": '{"title": "\\"Saying hello.\\""}', "match": ASKED}
-    await script_fake(fake_openai_proc, {**title, "delay": 2.0}, title)
+    # (the second answer is slow too, so "not titled yet" right after the turns holds under load)
+    await script_fake(fake_openai_proc, {**title, "delay": 2.0}, {**title, "delay": 3.0})
     async with RemoteAgent(base) as agent:
         conv = await agent.create_conversation()
         started = time.monotonic()
