@@ -78,6 +78,7 @@ class Server:
                 "AGENTIK_SKILL_MINING_INTERVAL": "0",
                 "AGENTIK_REFLECTION_INTERVAL": "0",
                 "AGENTIK_AUTO_TITLE": "0",  # a one-shot title call would take a scripted reply
+                "AGENTIK_TOOL_APPROVAL": "memory_list,memory_delete",  # the approval tests' tools
                 "AGENTIK_SSE_HEARTBEAT": "2",
                 "OPENAI_BASE_URL": fake,
                 "OPENAI_API_KEY": "fake",
@@ -672,6 +673,73 @@ def test_the_panel_shows_memory_notes_and_skills(page: Page, live: Server) -> No
     page.until(lambda: not page.all("#panel .note-item"), what="the note to go")
     left = live.api("GET", "/memory/notes?category=preference")["items"]
     assert left == []
+
+
+def test_a_call_waiting_for_approval_is_denied_with_a_note(page: Page, live: Server) -> None:
+    live.script(
+        {"tool_calls": [["memory_delete", {"id": "note-1"}]]},
+        {"text": "I left it alone."},
+    )
+    page.load()
+    cid = page.new_chat()
+    page.type("forget note-1")
+    tool = page.until(lambda: page.all(".tool.waiting") and page.find(".tool.waiting"))
+    assert page.text(".turn .tool-name") == "memory_delete"
+    assert "waiting for your approval" in page.text(".turn .tool-status")
+    assert json.loads(page.text(".turn .tool-args")) == {"id": "note-1"}
+    assert page.find("#stop").is_displayed()  # the turn waits: it can still be stopped
+    page.shot("approval")
+    tool.find_element("css selector", ".approval-note").send_keys("keep it")
+    tool.find_element("css selector", "button.deny").click()
+    page.until(lambda: page.replies() == ["I left it alone."], what="the reply")
+    page.wait_idle()
+    assert not page.all(".approval")
+    assert "a person denied this call: keep it" in page.text(".turn .tool-result pre")
+    records = [r for r in history(live, cid) if r["type"] == "approval"]
+    assert [(r["status"], r.get("note")) for r in records] == [
+        ("pending", None),
+        ("denied", "keep it"),
+    ]
+    assert page.errors() == []
+
+
+def test_an_approval_waiting_before_the_page_opened_is_edited_and_approved(
+    page: Page, live: Server
+) -> None:
+    live.script(
+        {"tool_calls": [["memory_list", {"category": "user"}]]},
+        {"text": "Those are your notes."},
+    )
+    cid = live.api("POST", "/conversations", {})["id"]
+    live.api("POST", f"/conversations/{cid}/messages", [{"type": "text", "body": "list them"}])
+    deadline = time.monotonic() + WAIT
+    while not live.api("GET", f"/conversations/{cid}/approvals")["items"]:
+        assert time.monotonic() < deadline, "the call never waited"
+        time.sleep(0.05)
+    page.load(path=f"/#{cid}")  # the request comes from the history, not from an event
+    tool = page.until(lambda: page.all(".tool.waiting") and page.find(".tool.waiting"))
+    tool.find_element("css selector", "button.edit").click()
+    editor = tool.find_element("css selector", ".approval-args")
+    editor.clear()
+    editor.send_keys('{"category": ')  # not JSON: said, and nothing is sent
+    tool.find_element("css selector", "button.approve").click()
+    page.until(lambda: "not valid JSON" in page.text(".approval-error"), what="the JSON error")
+    assert live.api("GET", f"/conversations/{cid}/approvals")["items"]
+    editor.clear()
+    editor.send_keys('{"category": "bogus"}')  # JSON the tool's schema refuses: the server says
+    tool.find_element("css selector", "button.approve").click()
+    page.until(lambda: "bogus" in page.text(".approval-error"), what="the schema error")
+    editor.clear()
+    editor.send_keys('{"category": "preference"}')
+    tool.find_element("css selector", "button.approve").click()
+    page.until(lambda: page.replies() == ["Those are your notes."], what="the reply")
+    page.wait_idle()
+    assert "done" in page.text(".turn .tool-status")
+    records = [r for r in history(live, cid) if r["type"] == "approval"]
+    assert records[-1]["status"] == "approved"
+    assert json.loads(records[-1]["editedArgsJson"]) == {"category": "preference"}
+    assert json.loads(records[-1]["argsJson"]) == {"category": "user"}
+    assert [e for e in page.errors() if "status of 400" not in e] == []  # the refused edit
 
 
 CONTRAST = """

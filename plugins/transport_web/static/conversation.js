@@ -25,6 +25,8 @@ export class ConversationView {
     this.orphan = null; // a running turn whose user message this page has not seen
     this.dirty = new Set();
     this.frame = 0;
+    this.answer = (callId, body) =>
+      this.api.request('POST', `${this.path}/approvals/${encodeURIComponent(callId)}`, body);
   }
 
   start() {
@@ -94,6 +96,10 @@ export class ConversationView {
         if (turn === this.orphan) this.orphan = null;
         break;
       }
+      case 'approval': // pending when the call began to wait, then approved or denied
+        if (record.status === 'pending') this.turnFor(record).askApproval(record.callId, this.answer);
+        else this.turnFor(record).approvalAnswered(record.callId, record.status);
+        break;
       case 'summary':
         if (this.open.length) this.open[0].el.prepend(summaryElement(record));
         else this.list.append(summaryElement(record));
@@ -179,9 +185,11 @@ export class ConversationView {
       case 'Truncated':
         this.live().note('truncated', 'Cut short: the reply reached the output limit');
         break;
+      case 'ApprovalRequested':
+        this.live().askApproval(d.callId, this.answer);
+        break;
       case 'End':
         return this.turnEnded();
-      // (tool approvals, when the API has them: a case for the waiting call goes here)
       default: // an event this page does not know (a newer server's, a plugin's)
         return undefined;
     }

@@ -108,9 +108,6 @@ export class Turn {
     if (this.reasoningStream) this.reasoningStream.update(this.reasoning);
   }
 
-  // Tool approvals (issue 25, AGENTIK_TOOL_APPROVAL) are not served by the API yet. When they
-  // are, a call waiting for a person is drawn here like any other, with Approve / Deny / Edit
-  // buttons under its arguments (conversation.js gets the waiting call from its event).
   toolCall(callId, name, argsJson, recorded) {
     const known = this.tools.get(callId);
     if (known) {
@@ -134,7 +131,69 @@ export class Turn {
       resultEl,
     );
     this.toolsEl.append(el);
-    this.tools.set(callId, { el, status, resultEl, recorded, done: false });
+    this.tools.set(callId, { el, name, status, resultEl, recorded, done: false, approval: null });
+  }
+
+  /** A call waiting for a person (docs/approvals.md): Approve, Deny and Edit under its
+   * arguments. answer(callId, body) posts the answer and resolves to the server's reply. */
+  askApproval(callId, answer) {
+    const entry = this.tools.get(callId);
+    if (!entry || entry.done || entry.approval || this.closed) return;
+    const argsEl = entry.el.querySelector('.tool-args');
+    const editor = h('textarea', { class: 'approval-args', 'aria-label': 'Arguments to approve', hidden: true });
+    const note = h('input', { class: 'approval-note', type: 'text', placeholder: 'Note for the model (optional)', 'aria-label': 'Note' });
+    const problem = h('div', { class: 'approval-error', role: 'alert' });
+    const send = async (approve) => {
+      const body = { approve };
+      if (note.value.trim()) body.note = note.value.trim();
+      if (approve && !editor.hidden) {
+        try {
+          body.args = JSON.parse(editor.value);
+        } catch {
+          problem.textContent = 'The arguments are not valid JSON.';
+          return;
+        }
+      }
+      buttons.forEach((b) => (b.disabled = true));
+      try {
+        await answer(callId, body);
+        this.approvalAnswered(callId, approve ? 'approved' : 'denied');
+      } catch (e) {
+        if (e.status === 409) this.approvalAnswered(callId, 'answered');
+        else problem.textContent = e.message || 'The answer was not taken.';
+      } finally {
+        buttons.forEach((b) => (b.disabled = false));
+      }
+    };
+    const edit = () => {
+      editor.value = argsEl.textContent;
+      editor.hidden = false;
+      argsEl.hidden = true;
+      editor.focus();
+    };
+    const buttons = [
+      h('button', { type: 'button', class: 'primary small approve', onclick: () => send(true) }, 'Approve'),
+      h('button', { type: 'button', class: 'danger small deny', onclick: () => send(false) }, 'Deny'),
+      h('button', { type: 'button', class: 'small edit', onclick: edit }, 'Edit'),
+    ];
+    entry.approval = h('div', { class: 'approval', role: 'group', 'aria-label': `Approve ${entry.name}?` }, editor, note, h('div', { class: 'approval-buttons' }, buttons), problem);
+    argsEl.after(entry.approval);
+    entry.status.textContent = 'waiting for your approval';
+    entry.el.classList.add('waiting');
+    entry.el.open = true;
+  }
+
+  /** The call's approval was answered (here, by another viewer, or by the timeout). */
+  approvalAnswered(callId, status) {
+    const entry = this.tools.get(callId);
+    if (!entry) return;
+    if (entry.approval) {
+      entry.approval.remove();
+      entry.approval = null;
+      entry.el.querySelector('.tool-args').hidden = false;
+    }
+    entry.el.classList.remove('waiting');
+    if (!entry.done) entry.status.textContent = status === 'denied' ? 'denied' : 'running…';
   }
 
   toolResult(callId, text, isError, recorded) {
@@ -145,6 +204,7 @@ export class Turn {
     }
     entry.recorded ||= recorded;
     if (entry.done) return;
+    this.approvalAnswered(callId, 'answered');
     entry.done = true;
     entry.status.textContent = isError ? 'failed' : 'done';
     entry.el.classList.toggle('failed', Boolean(isError));
