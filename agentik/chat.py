@@ -739,31 +739,21 @@ class Chat:
         """What to do next at the prompt: a line typed, or an approval to ask about."""
         if not self.asks.empty():
             return self.asks.get_nowait()
-        typed = asyncio.ensure_future(self.messages.get())
-        asked = asyncio.ensure_future(self.asks.get())
-        try:
-            await asyncio.wait([typed, asked], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (typed, asked):
-                task.cancel()  # a Queue.get cancelled takes nothing out
-        if asked.done() and not asked.cancelled():
-            if typed.done() and not typed.cancelled():  # both at once: the line waits its turn
-                self.asks.put_nowait(asked.result())
-                return typed.result()
-            return asked.result()
-        return typed.result()
+        typed, asked = await first(self.messages.get(), self.asks.get())
+        line: str | None = typed.result() if won(typed) else None
+        if not won(asked):
+            return line
+        waiting: PendingApproval = asked.result()
+        if won(typed):  # both at once: the line goes first, the question next
+            self.asks.put_nowait(waiting)
+            return line
+        return waiting
 
     async def follow_turn(self) -> None:
         """Until the turn shown ends, asking about each approval it waits for."""
         while not self.turn_over.is_set():
-            asked = asyncio.ensure_future(self.asks.get())
-            over = asyncio.ensure_future(self.turn_over.wait())
-            try:
-                await asyncio.wait([asked, over], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                asked.cancel()
-                over.cancel()
-            if asked.done() and not asked.cancelled() and not self.turn_over.is_set():
+            asked, _ = await first(self.asks.get(), self.turn_over.wait())
+            if won(asked) and not self.turn_over.is_set():
                 await self.answer(asked.result())
 
     async def answer_waiting(self, waiting: PendingApproval) -> bool:
@@ -849,17 +839,11 @@ class Chat:
     async def read_answer(self) -> str | None:
         """A line typed in answer; None when the turn ended first (interrupted, or answered
         elsewhere) or the input did (the end stays for the prompt's loop)."""
-        typed = asyncio.ensure_future(self.messages.get())
-        over = asyncio.ensure_future(self.turn_over.wait())
-        try:
-            await asyncio.wait([typed, over], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            typed.cancel()
-            over.cancel()
-        if not typed.done() or typed.cancelled():
+        typed, _ = await first(self.messages.get(), self.turn_over.wait())
+        if not won(typed):
             self.say()
             return None
-        line = typed.result()
+        line: str | None = typed.result()
         if line is None:
             self.messages.put_nowait(None)
         return line
@@ -876,6 +860,22 @@ class Chat:
             return task.result()
         task.cancel()
         return None
+
+
+async def first(*works: Any) -> list[asyncio.Future[Any]]:
+    """Run ``works`` until one is done; the others are cancelled (a ``Queue.get`` cancelled
+    takes nothing out). Their futures, in order: :func:`won` says which finished."""
+    tasks = [asyncio.ensure_future(w) for w in works]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return tasks
+
+
+def won(task: asyncio.Future[Any]) -> bool:
+    return task.done() and not task.cancelled()
 
 
 def write_file(path: str, text: str) -> None:
