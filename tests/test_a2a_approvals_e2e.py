@@ -202,3 +202,39 @@ def test_an_answers_whole_numbers_stay_integers_and_bad_answers_are_named():
         read_answers("t", [pb.Part(text="yes"), pb.Part(text="no")], one)
     with pytest.raises(errors.InvalidParamsError, match="waits for no approval"):
         read_answers("t", [pb.Part(text="yes")], [])
+
+
+async def test_answered_over_http_or_cancelled_while_it_asks(serve, fake_openai_proc, tmp_path):
+    """A call answered through the agent's HTTP API moves the A2A task on to COMPLETED; a task
+    cancelled while it asks ends CANCELED and its call never runs."""
+    import asyncio
+
+    from agentik.client import RemoteAgent
+
+    _, base = serve(env_for(fake_openai_proc, tmp_path))
+    await script_fake(
+        fake_openai_proc,
+        {"tool_calls": [["launch", {"target": "moon"}]]},
+        {"text": "done over http"},
+        {"tool_calls": [["launch", {"target": "sun"}]]},
+    )
+    async with sdk_client(base, "1.0", streaming=False) as client:
+        task, _ = await send(client, ask("launch"))
+        [request] = requests_of(task)
+        async with RemoteAgent(base) as agent:
+            conv = await agent.get_conversation(task.metadata["agentikConversationId"])
+            assert conv is not None
+            assert await conv.approve(request["callId"]) == "running"
+        for _ in range(200):
+            now = await client.get_task(pb.GetTaskRequest(id=task.id))
+            if now.status.state == pb.TASK_STATE_COMPLETED:
+                break
+            await asyncio.sleep(0.05)
+        assert now.status.state == pb.TASK_STATE_COMPLETED
+        assert reply_text(now) == "done over http"
+
+        second, _ = await send(client, ask("launch again"))
+        requests_of(second)
+        cancelled = await client.cancel_task(pb.CancelTaskRequest(id=second.id))
+        assert cancelled.status.state == pb.TASK_STATE_CANCELED
+    assert runs(tmp_path) == ["moon"]
