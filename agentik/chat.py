@@ -9,6 +9,10 @@ leaves.
 Output: one event stream per conversation prints every turn as it arrives, with the messages
 other viewers send. The client reconnects for as long as the chat is open (``[reconnecting…
 Ns]``); what the server lost meanwhile (its ``Gap``) is made up from the history (:class:`Ledger`).
+
+Approvals: a tool call that waits for a person (``ApprovalRequested``, or one found waiting when
+a conversation is opened) is asked about, ``Run tool {args}? [y/N/e(dit)]``, and the turn shown
+until it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import codecs
 import contextlib
 import ipaddress
+import json
 import os
 import secrets
 import signal
@@ -35,9 +40,11 @@ from agentik.client import (
     RemoteEventStream,
     Unauthorized,
 )
+from agentik.core.approvals import PendingApproval
 from agentik.core.protocol import read_history
 from agentik.core.types import (
     AppendText,
+    ApprovalRequested,
     Compacted,
     End,
     Error,
@@ -119,6 +126,9 @@ def describe_message(m: Message) -> str:
     if m.kind == "tool_result":
         mark = "✗" if p.get("isError") else "→"
         return f"  {mark} {short(p.get('text', ''))}"
+    if m.kind == "approval":
+        note = f" ({short(p['note'], 60)})" if p.get("note") else ""
+        return f"  approval of {p.get('toolName')}: {p.get('status')}{note}"
     if m.kind == "error":
         return f"[error: {p.get('message')} ({p.get('code')})]"
     return f"[{m.kind}: {short(p.get('text', ''))}]"
@@ -273,6 +283,8 @@ class Chat:
         self.stream: RemoteEventStream | None = None
         self.printer: asyncio.Task[None] | None = None
         self.messages: asyncio.Queue[str | None] = asyncio.Queue()
+        self.asks: asyncio.Queue[PendingApproval] = asyncio.Queue()  # approvals to ask about
+        self.asked: set[str] = set()  # the call ids asked about (a request comes only once)
         self.input = Input()
         self.action: asyncio.Future[bool] | None = None  # the line being carried out
         self.waiting: str | None = None  # our message whose turn is being shown
@@ -401,7 +413,7 @@ class Chat:
 
     async def open(self, conv: RemoteConversation) -> None:
         await self.close_stream()
-        self.conv = conv
+        previous, self.conv = self.conv, conv
         self.stream = conv.events()  # subscribed now; the history read next is older
         self.ledger = Ledger()
         self.held, self.reply = None, []
@@ -409,6 +421,20 @@ class Chat:
             pass  # where the history ends: a later Gap is read from there
         self.printer = asyncio.create_task(self.print_events(self.stream))
         self.say(f"conversation {conv.id}" + (f" ({conv.title})" if conv.title else ""))
+        if conv is not previous:
+            self.asks, self.asked = asyncio.Queue(), set()
+        await self.ask_pending()  # what waited already (a restart, another viewer's turn)
+
+    async def ask_pending(self) -> None:
+        """Ask about the approvals that wait in the conversation and were not asked yet."""
+        assert self.conv is not None
+        for waiting in await self.conv.approvals():
+            self.request(waiting)
+
+    def request(self, waiting: PendingApproval) -> None:
+        if waiting.call_id not in self.asked:
+            self.asked.add(waiting.call_id)
+            self.asks.put_nowait(waiting)
 
     async def close_stream(self) -> None:
         if self.printer is not None:
@@ -447,6 +473,12 @@ class Chat:
             self.show_user(event.id, event.via, event.text)
         elif isinstance(event, End):
             self.end_turn(event.turn_id)
+        elif isinstance(event, ApprovalRequested):
+            self.request(
+                PendingApproval(
+                    event.call_id, event.tool_name, event.args_json, event.turn_id, None
+                )
+            )
         elif isinstance(event, StartReasoning):
             self.say("(thinking…)")
         elif isinstance(event, ToolCall):
@@ -515,6 +547,8 @@ class Chat:
         if finished:  # the replay that follows may repeat those turns: hold it (see hold)
             self.held, self.skip, self.skip_last = [], set(finished), finished[-1]
             self.window = window
+        with contextlib.suppress(ClientError):  # a request the lost events carried
+            await self.ask_pending()
 
     def show_tool_record(self, record: Message) -> None:
         p = record.payload
@@ -654,14 +688,18 @@ class Chat:
         if not self.leave.is_set():
             self.say(HELP)
         while not self.leave.is_set():
-            self.prompt()
-            message = await self.until_leave(self.messages.get())
+            if self.asks.empty():
+                self.prompt()
+            message = await self.until_leave(self.next_input())
             if message is None:
                 break
             self.presses = 0
-            if not message.strip():
+            if isinstance(message, PendingApproval):
+                self.action = asyncio.ensure_future(self.answer_waiting(message))
+            elif not message.strip():
                 continue
-            self.action = asyncio.ensure_future(self.carry_out(message))
+            else:
+                self.action = asyncio.ensure_future(self.carry_out(message))
             try:
                 if not await self.until_leave(self.action):
                     break
@@ -691,9 +729,124 @@ class Chat:
         if msg.id in self.ledger.ended:  # its End came before the answer to the send
             self.turn_over.set()
         try:
-            await self.turn_over.wait()
+            await self.follow_turn()
         finally:
             self.waiting = None
+
+    # --- approvals ----------------------------------------------------------------------------
+
+    async def next_input(self) -> str | PendingApproval | None:
+        """What to do next at the prompt: a line typed, or an approval to ask about."""
+        if not self.asks.empty():
+            return self.asks.get_nowait()
+        typed, asked = await first(self.messages.get(), self.asks.get())
+        line: str | None = typed.result() if won(typed) else None
+        if not won(asked):
+            return line
+        waiting: PendingApproval = asked.result()
+        if won(typed):  # both at once: the line goes first, the question next
+            self.asks.put_nowait(waiting)
+            return line
+        return waiting
+
+    async def follow_turn(self) -> None:
+        """Until the turn shown ends, asking about each approval it waits for."""
+        while not self.turn_over.is_set():
+            asked, _ = await first(self.asks.get(), self.turn_over.wait())
+            if won(asked) and not self.turn_over.is_set():
+                await self.answer(asked.result())
+
+    async def answer_waiting(self, waiting: PendingApproval) -> bool:
+        """At the prompt: a turn waits (found on opening the conversation, or another
+        viewer's): ask, then show the turn until it ends."""
+        self.turn_over.clear()
+        self.waiting = waiting.turn_id
+        if waiting.turn_id in self.ledger.ended:
+            self.turn_over.set()
+        try:
+            await self.answer(waiting)
+            await self.follow_turn()
+        finally:
+            self.waiting = None
+        return True
+
+    async def answer(self, waiting: PendingApproval) -> None:
+        """``Run tool {args}? [y/N/e(dit)]``: y approves; n or Enter denies, with a note if
+        the person gives one; e asks for other arguments (JSON; the server checks them against
+        the tool's schema) and approves with them. A wrong answer asks again."""
+        assert self.conv is not None
+        conv, call_id = self.conv, waiting.call_id
+        while True:
+            self.say(f"Run {waiting.tool_name} {waiting.args_json}? [y/N/e(dit)] ", end="")
+            line = await self.read_answer()
+            if line is None:
+                return
+            choice = line.strip().lower()
+            if choice in ("y", "yes"):
+                await self.settle(conv.approve(call_id), "approved")
+                return
+            if choice in ("", "n", "no"):
+                self.say("Note for the model (Enter: none): ", end="")
+                note = await self.read_answer()
+                if note is None:
+                    return
+                await self.settle(conv.deny(call_id, note=note.strip() or None), "denied")
+                return
+            if choice in ("e", "edit"):
+                if await self.edit(waiting):
+                    return
+                continue
+            self.say("[answer y, n or e]")
+
+    async def edit(self, waiting: PendingApproval) -> bool:
+        """Other arguments for the call, asked until they are JSON the server takes; False
+        when the person gives none (the question is asked again)."""
+        assert self.conv is not None
+        while True:
+            self.say("Arguments as JSON (Enter: back): ", end="")
+            line = await self.read_answer()
+            if line is None:
+                return True
+            if not line.strip():
+                return False
+            try:
+                args = json.loads(line)
+            except ValueError as e:
+                self.say(f"[not JSON: {e}]")
+                continue
+            if not isinstance(args, dict):
+                self.say("[the arguments are a JSON object: {...}]")
+                continue
+            try:
+                await self.conv.approve(waiting.call_id, args=args)
+            except APIError as e:
+                if e.status != 400:
+                    self.say(f"[{e.message}]")
+                    return True
+                self.say(f"[{e.message}]")  # they do not fit the tool: ask again
+                continue
+            self.say(f"[approved with {json.dumps(args, ensure_ascii=False)}]")
+            return True
+
+    async def settle(self, answer: Any, said: str) -> None:
+        try:
+            await answer
+        except APIError as e:  # 409: another viewer answered first, or the turn ended
+            self.say(f"[{e.message}]")
+            return
+        self.say(f"[{said}]")
+
+    async def read_answer(self) -> str | None:
+        """A line typed in answer; None when the turn ended first (interrupted, or answered
+        elsewhere) or the input did (the end stays for the prompt's loop)."""
+        typed, _ = await first(self.messages.get(), self.turn_over.wait())
+        if not won(typed):
+            self.say()
+            return None
+        line: str | None = typed.result()
+        if line is None:
+            self.messages.put_nowait(None)
+        return line
 
     async def until_leave(self, work: Any) -> Any:
         """``work``'s result; None when the chat is left first (Ctrl-D, a second Ctrl-C)."""
@@ -707,6 +860,22 @@ class Chat:
             return task.result()
         task.cancel()
         return None
+
+
+async def first(*works: Any) -> list[asyncio.Future[Any]]:
+    """Run ``works`` until one is done; the others are cancelled (a ``Queue.get`` cancelled
+    takes nothing out). Their futures, in order: :func:`won` says which finished."""
+    tasks = [asyncio.ensure_future(w) for w in works]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return tasks
+
+
+def won(task: asyncio.Future[Any]) -> bool:
+    return task.done() and not task.cancelled()
 
 
 def write_file(path: str, text: str) -> None:

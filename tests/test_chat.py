@@ -563,6 +563,9 @@ class FakeConversation:
         start = ids.index(after) + 1 if after is not None else 0
         return self.records[start + offset : start + offset + limit]
 
+    async def approvals(self) -> list[Any]:
+        return []  # after a Gap the chat asks what waits
+
 
 class FakeStream:
     def __init__(self, events: list[Event]) -> None:
@@ -633,3 +636,122 @@ async def test_a_gap_shows_what_was_lost_once_and_nothing_when_nothing_was():
     assert "[chat-other] new one" in shown and shown.count("fresh") == 1
     assert "missed" not in shown
     assert shown.index("Hel") < shown.index("[error") < shown.index("answer to theirs")
+
+
+# --- approvals ---------------------------------------------------------------------------------
+
+
+def test_a_chat_asks_about_approvals_approve_deny_and_edit(serve, fake_openai_proc, tmp_path):
+    """A tool call that waits for a person: y runs it, n (with a note) gives the model the
+    denial, e takes other arguments (not JSON, or not fitting the tool: said, asked again)."""
+    from tests.test_approvals_e2e import env_for, runs
+
+    _, base = serve(env_for(fake_openai_proc, tmp_path))
+    asyncio.run(
+        script_fake(
+            fake_openai_proc,
+            {"tool_calls": [["launch", {"target": "moon"}]]},
+            {"text": "moon done"},
+            {"tool_calls": [["launch", {"target": "sun"}]]},
+            {"text": "sun spared"},
+            {"tool_calls": [["launch", {"target": "venus"}]]},
+            {"text": "mars done"},
+        )
+    )
+    child = spawn("--url", base, "--new")
+    try:
+        child.expect("you> ")
+        child.sendline("launch at the moon")
+        child.expect(r'  tool launch\(\{"target": "moon"\}\)')
+        child.expect(re.escape('Run launch {"target": "moon"}? [y/N/e(dit)] '))
+        child.sendline("y")
+        child.expect(r"\[approved\]")
+        child.expect("  → launched at moon")
+        child.expect("agent> moon done\r\n")
+        child.expect("you> ")
+
+        child.sendline("launch at the sun")
+        child.expect(re.escape('Run launch {"target": "sun"}? [y/N/e(dit)] '))
+        child.sendline("")  # Enter denies
+        child.expect(re.escape("Note for the model (Enter: none): "))
+        child.sendline("too hot")
+        child.expect(r"\[denied\]")
+        child.expect("  ✗ Error: a person denied this call: too hot")
+        child.expect("agent> sun spared\r\n")
+        child.expect("you> ")
+
+        child.sendline("launch at venus")
+        child.expect(re.escape('Run launch {"target": "venus"}? [y/N/e(dit)] '))
+        child.sendline("maybe")
+        child.expect(re.escape("[answer y, n or e]"))
+        child.expect(re.escape("[y/N/e(dit)] "))
+        child.sendline("e")
+        child.expect(re.escape("Arguments as JSON (Enter: back): "))
+        child.sendline("{target: mars}")
+        child.expect(r"\[not JSON: ")
+        child.expect(re.escape("Arguments as JSON (Enter: back): "))
+        child.sendline('{"target": 5}')
+        child.expect(r"\[args do not fit launch: .*\]")
+        child.expect(re.escape("Arguments as JSON (Enter: back): "))
+        child.sendline('{"target": "mars"}')
+        child.expect(re.escape('[approved with {"target": "mars"}]'))
+        child.expect("  → launched at mars")
+        child.expect("agent> mars done\r\n")
+        child.expect("you> ")
+
+        child.sendline("/history")
+        child.expect("  approval of launch: pending")
+        child.expect("  approval of launch: approved")
+        child.expect(r"  approval of launch: denied \(too hot\)")
+        child.expect("you> ")
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert runs(tmp_path) == ["moon", "mars"]  # the sun never, venus edited to mars
+
+
+def test_a_chat_asks_about_an_approval_that_waited_before_it_opened(
+    serve, fake_openai_proc, tmp_path
+):
+    """An approval asked while no chat was open (here: a send through the client, then a
+    restart of the server) is asked about when the chat opens the conversation."""
+    from agentik.client import RemoteAgent
+    from tests.test_approvals_e2e import env_for, runs
+
+    env = env_for(fake_openai_proc, tmp_path)
+    proc, base = serve(env)
+
+    async def start_a_waiting_turn() -> str:
+        await script_fake(
+            fake_openai_proc,
+            {"tool_calls": [["launch", {"target": "moon"}]]},
+            {"text": "after the restart"},
+        )
+        async with RemoteAgent(base) as agent:
+            conv = await agent.create_conversation(title="waits")
+            await conv.send([TextPart("launch")])
+            for _ in range(200):
+                if await conv.approvals():
+                    return conv.id
+                await asyncio.sleep(0.05)
+        raise AssertionError("no approval waits")
+
+    cid = asyncio.run(start_a_waiting_turn())
+    proc.stop(signal.SIGKILL)
+    _, base = serve(env)
+    child = spawn("--url", base, "--conversation", cid)
+    try:
+        child.expect(f"conversation {cid}")
+        child.expect(re.escape('Run launch {"target": "moon"}? [y/N/e(dit)] '))
+        child.sendline("yes")
+        child.expect("  → launched at moon")
+        child.expect("agent> after the restart\r\n")
+        child.expect("you> ")
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert runs(tmp_path) == ["moon"]

@@ -46,4 +46,7 @@ def task(value: pb.Task) -> Any:
 
 
 def status_update(value: pb.TaskStatusUpdateEvent) -> Any:
-    return _dump(conversions.to_compat_task_status_update_event(value))
+    event = conversions.to_compat_task_status_update_event(value)
+    if value.status.state == pb.TASK_STATE_INPUT_REQUIRED:
+        event.final = True  # 0.3: the stream ends there, the client answers in a new request
+    return _dump(event)

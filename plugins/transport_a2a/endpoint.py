@@ -14,7 +14,7 @@ from agentik.core.agent import ChatAgent
 from agentik.core.types import InvalidInput, parse_json
 from agentik_transport_a2a import jsonrpc
 from agentik_transport_a2a.jsonrpc import V03, V10, Call
-from agentik_transport_a2a.service import TERMINAL, A2AService, TaskRun, Update
+from agentik_transport_a2a.service import SETTLED, TERMINAL, A2AService, TaskRun, Update
 from agentik_transport_a2a.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ async def _answer(service: A2AService, call: Call) -> bytes:
     if method == "SendMessage":
         run = await service.send(params)
         if not params.configuration.return_immediately:
-            await run.finished.wait()
+            await run.settled()  # ended, or waiting for this client's answer
         task = apply_history_length(run.snapshot()[0], params.configuration)
         if call.version == V03:
             return jsonrpc.result(call, jsonrpc.task_json(task, V03))
@@ -102,7 +102,8 @@ async def _answer(service: A2AService, call: Call) -> bytes:
 
 async def _stream(request: web.Request, service: A2AService, call: Call) -> web.StreamResponse:
     """Errors found before the stream starts are a plain JSON-RPC answer; then SSE: the task
-    first, then its updates through its final status."""
+    first, then its updates through its final status, or through ``INPUT_REQUIRED`` (the
+    client answers with a message in the task, whose stream goes on from there)."""
     run: TaskRun
     if call.method == "SendStreamingMessage":
         run = await service.send(call.params)
@@ -117,14 +118,15 @@ async def _stream(request: web.Request, service: A2AService, call: Call) -> web.
     await response.prepare(request)
     try:
         await response.write(jsonrpc.stream_frame(call, Update("task", task)))
-        if task.status.state in TERMINAL:
+        state = task.status.state
+        if state in TERMINAL or (state in SETTLED and call.method == "SendStreamingMessage"):
             return response
         async with contextlib.aclosing(run.follow(start)) as updates:
             async for batch in updates:  # one write for all that came meanwhile
                 frames, done = [], False
                 for update in batch:
                     frames.append(jsonrpc.stream_frame(call, update))
-                    if update.kind == "status_update" and update.value.status.state in TERMINAL:
+                    if update.kind == "status_update" and update.value.status.state in SETTLED:
                         done = True
                         break
                 await response.write(b"".join(frames))

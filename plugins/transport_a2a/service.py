@@ -1,7 +1,9 @@
 """A2A tasks on the agent (seed A2aBridge): a message is a ``send`` to the conversation its
 ``contextId`` names, its task follows that one turn (``turn_events``) whoever listens, and every
-task is durable (:mod:`agentik_transport_a2a.tasks`). Works in A2A 1.0 types; the JSON-RPC layer
-(:mod:`agentik_transport_a2a.jsonrpc`) converts for 0.3 clients."""
+task is durable (:mod:`agentik_transport_a2a.tasks`). A turn that waits for a person's approval
+makes its task ``INPUT_REQUIRED``; a message in that task answers (:mod:`.approvals`). Works in
+A2A 1.0 types; the JSON-RPC layer (:mod:`agentik_transport_a2a.jsonrpc`) converts for 0.3
+clients."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from a2a.utils import errors
 from a2a.utils.task import apply_history_length
 
 from agentik.core.agent import ConversationClosed
+from agentik.core.inbox import NotWaiting
 from agentik.core.store import utcnow
 from agentik.core.types import (
     AppendText,
+    ApprovalRequested,
     ContentPart,
     End,
     Error,
@@ -31,9 +35,11 @@ from agentik.core.types import (
     InvalidInput,
     TextPart,
     ToolCall,
+    UnknownReference,
     Via,
     check_image_url,
 )
+from agentik_transport_a2a import approvals
 from agentik_transport_a2a.tasks import StoredTask, TaskStore
 
 if TYPE_CHECKING:
@@ -47,6 +53,8 @@ REPLY = "reply"  # the artifact that carries the turn's text
 S = pb.TaskState
 TERMINAL = frozenset({S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_CANCELED,
                       S.TASK_STATE_REJECTED})  # fmt: skip
+#: where a reply to a request stops: the task is over, or waits for its client's answer
+SETTLED = TERMINAL | {S.TASK_STATE_INPUT_REQUIRED}
 CUT_OFF = "the task's turn was cut off by a server restart"
 CONVERSATION_ID = "agentikConversationId"
 MAX_ID = 255  # characters of a client's contextId (it names a conversation for good)
@@ -98,6 +106,8 @@ class TaskRun:
         self.turn_over = False  # its turn emitted its End
         self.cancel_requested = False
         self.finished = asyncio.Event()
+        self.asking = asyncio.Event()  # the task is INPUT_REQUIRED: its client is to answer
+        self.asked: set[str] = set()  # the call ids its INPUT_REQUIRED statuses named
         self._waiters: list[asyncio.Future[None]] = []
         self.runner: asyncio.Task[None] | None = None
         #: the snapshot a streaming send starts with: taken before the task's durable write,
@@ -138,6 +148,17 @@ class TaskRun:
     def finish(self) -> None:
         self.finished.set()
         self._wake()
+
+    async def settled(self) -> None:
+        """Until the task ends or waits for its client's answer (a blocking send's reply)."""
+        if self.finished.is_set() or self.asking.is_set():
+            return
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.finished, self.asking)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -192,6 +213,10 @@ class A2AService:
             conv = await self.agent.get_conversation(stored.conversation_id)
             if end is None and conv is not None:
                 run = TaskRun(stored.task, conv, stored.turn_id)
+                if stored.task.status.state == S.TASK_STATE_INPUT_REQUIRED:
+                    run.started = True  # its turn waits for the answer, in the store
+                    run.asking.set()
+                    run.asked.update(await self._asked(conv, stored.turn_id))
                 self._start(run, after=0)
                 continue
             task = stored.task
@@ -225,7 +250,6 @@ class A2AService:
             raise errors.InvalidParamsError(message="message.role must be ROLE_USER")
         if not message.parts:
             raise errors.InvalidParamsError(message="message.parts must not be empty")
-        content = self._content(message.parts)
         if request.configuration.history_length < 0:
             raise errors.InvalidParamsError(message="historyLength must be non-negative")
         context_id = message.context_id
@@ -240,11 +264,18 @@ class A2AService:
                     message=f"context {context_id} does not match context "
                     f"{stored.task.context_id} of task {message.task_id}"
                 )
+            run = self.runs.get(message.task_id)
+            if run is not None and run.task.status.state == S.TASK_STATE_INPUT_REQUIRED:
+                return await self._answer(run, message)
             state = S.Name(stored.task.status.state)
+            if run is not None and any(m.message_id == message.message_id
+                                       for m in run.task.history):  # fmt: skip
+                return run  # an answer sent again: what it did stands
             raise errors.UnsupportedOperationError(
                 message=f"task {message.task_id} is {state}: each message starts a new task; "
                 "send it with the task's contextId instead"
             )
+        content = self._content(message.parts)
         context_id = context_id or str(uuid.uuid4())
         try:
             conv = await self.agent.aliased_conversation(NAMESPACE, context_id)
@@ -272,6 +303,51 @@ class A2AService:
         run.first = run.snapshot()
         await self.store.insert(task, conv.id, record.id)
         return run
+
+    async def _answer(self, run: TaskRun, message: pb.Message) -> TaskRun:
+        """A message in an ``INPUT_REQUIRED`` task: its answers to the approvals the task's turn
+        waits for. All are checked before any is given; the task goes ``WORKING`` once none is
+        left waiting (its reply then streams from here), else asks for the rest."""
+        task = run.task
+        if any(m.message_id == message.message_id for m in task.history):
+            return run  # sent again: answered already
+        pending = [p for p in await run.conv.approvals() if p.turn_id == run.turn_id]
+        answers = approvals.read_answers(task.id, message.parts, pending)
+        try:
+            await approvals.answer(run.conv, run.turn_id, answers)
+        except (NotWaiting, UnknownReference) as e:  # answered elsewhere meanwhile
+            raise errors.InvalidParamsError(message=f"not answered: {e}") from None
+        user = task.history.add()
+        user.CopyFrom(message)
+        user.context_id, user.task_id, user.role = task.context_id, task.id, pb.ROLE_USER
+        answered = {call_id for call_id, _ in answers}
+        left = [p for p in pending if p.call_id not in answered]
+        if task.status.state == S.TASK_STATE_INPUT_REQUIRED:
+            if left:
+                self._ask(run, left)
+            else:
+                self._work(run)
+        await self.store.save(task)
+        run.first = run.snapshot()
+        return run
+
+    def _ask(self, run: TaskRun, pending: list[Any]) -> None:
+        task = run.task
+        run.asked.update(p.call_id for p in pending)
+        status = _now_status(S.TASK_STATE_INPUT_REQUIRED)
+        status.message.CopyFrom(approvals.input_message(task, pending))
+        task.status.CopyFrom(status)
+        run.publish(Update("status_update", self._status_event(task)))
+        run.asking.set()
+
+    def _work(self, run: TaskRun) -> None:
+        run.asking.clear()
+        run.task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
+        run.publish(Update("status_update", self._status_event(run.task)))
+
+    @staticmethod
+    async def _asked(conv: ChatConversation, turn_id: str) -> set[str]:
+        return {p.call_id for p in await conv.approvals() if p.turn_id == turn_id}
 
     async def _task_of_turn(self, conv: ChatConversation, turn_id: str) -> TaskRun | None:
         """The task that answers ``turn_id`` already: a live run, or a stored one (as a run
@@ -434,6 +510,18 @@ class A2AService:
                         task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
                         run.publish(Update("status_update", self._status_event(task)))
                         await self.store.save_state(task)  # ListTasks filters on it
+                if isinstance(event, ApprovalRequested):
+                    if event.call_id not in run.asked and not run.cancel_requested:
+                        # every call of the step that waits, read once the turn waits for them
+                        pending = await conv.approvals()
+                        pending = [p for p in pending if p.turn_id == run.turn_id]
+                        if pending:
+                            self._ask(run, pending)
+                            await self.store.save(task)  # a restart finds what it asked
+                    continue
+                if task.status.state == S.TASK_STATE_INPUT_REQUIRED:
+                    self._work(run)  # answered (here, over HTTP, or by the timeout): on it goes
+                    await self.store.save_state(task)
                 if isinstance(event, AppendText):
                     if not event.reasoning:
                         run.add_text(event.text)
