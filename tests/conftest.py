@@ -31,6 +31,20 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_TOKEN", None)
 
 
+@pytest.fixture(autouse=True)
+def _no_database_left_in_the_checkout() -> Iterator[None]:
+    """Tests keep their databases under tmp_path: one made in the checkout (the default
+    AGENTIK_DB_PATH of an agent started there) would be what the next `make serve` opens."""
+    stray = [ROOT / name for name in ("agentik.db", "agentik.db-wal", "agentik.db.lock")]
+    before = [path.exists() for path in stray]
+    yield
+    made = [path.name for path, was in zip(stray, before) if path.exists() and not was]
+    for name in made:
+        (ROOT / name).unlink()
+    if made:
+        pytest.fail(f"the test left {', '.join(made)} in the checkout", pytrace=False)
+
+
 @pytest.fixture
 async def make_agent(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """Build an opened ChatAgent on a real SQLite file; closed after the test."""

@@ -598,7 +598,13 @@ async def test_behind_a_trusted_proxy_the_forwarded_client_is_limited(aiohttp_cl
     for r in held[1:]:
         r.close()
     untrusted = await aiohttp_client(
-        make_app(env={**env, "AGENTIK_TRUSTED_PROXIES": "none", "AGENTIK_DB_PATH": ""})
+        make_app(
+            env={
+                **env,
+                "AGENTIK_TRUSTED_PROXIES": "none",
+                "AGENTIK_DB_PATH": str(tmp_path / "q.db"),
+            }
+        )
     )
     streams = [await untrusted.get("/agentik/events", headers=via("203.0.113.7")) for _ in range(4)]
     assert all(r.status == 200 for r in streams)  # the header is ignored
