@@ -20,7 +20,7 @@ from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.tools import tool
 from agentik.core.types import AppendText, End, Gap, StartResponse
 
-AGUI = ("agentik_transport_agui",)
+AGUI = ("agentik_transport_agui", "agentik_approvals")
 
 
 @tool
@@ -268,6 +268,103 @@ async def test_the_client_leaving_does_not_stop_the_turn(make_client: Any) -> No
     await asyncio.wait_for(conv.wait_idle(), 10)
     records = await conv.get_messages()
     assert records[-1].kind == "assistant" and records[-1].payload["text"] == "a" * 30
+
+
+def tool_call_of(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The tool call a run streamed, as the client keeps it (an assistant message)."""
+    start = next(e for e in events if e["type"] == "TOOL_CALL_START")
+    args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
+    call = {"id": start["toolCallId"], "type": "function"}
+    call["function"] = {"name": start["toolCallName"], "arguments": args}
+    return {"id": "a-1", "role": "assistant", "toolCalls": [call]}
+
+
+async def test_an_approval_ends_the_run_with_an_interrupt_and_the_resume_continues_the_turn(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM([ToolCallRequest("c-1", "add", '{"a": 2, "b": 3}')], ["it is 5"])
+    client = await make_client(llm, AGENTIK_TOOL_APPROVAL="add")
+    asked = await run(client, run_input("t-ap", [user("u-1", "add 2 and 3")]))
+    assert types(asked) == [
+        "RUN_STARTED",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "RUN_FINISHED",
+    ]
+    (interrupt,) = asked[-1]["outcome"]["interrupts"]
+    assert asked[-1]["outcome"]["type"] == "interrupt"
+    assert interrupt["id"] == interrupt["toolCallId"] == "c-1"
+    assert interrupt["reason"] == "tool_approval"
+    assert interrupt["metadata"] == {"toolName": "add", "argsJson": '{"a": 2, "b": 3}'}
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-ap")
+    assert [a.call_id for a in await conv.approvals()] == ["c-1"]  # durable, no task holds it
+
+    # a reconnect while it waits learns what waits
+    again = await run(client, run_input("t-ap", [], runId="r-again"))
+    assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert again[-1]["outcome"] == asked[-1]["outcome"]
+    # a new message cannot overtake the waiting turn from AG-UI
+    resp = await client.post("/agui", json=run_input("t-ap", [user("u-2", "hm")], runId="r-x"))
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "turn_waiting"
+    # a bad answer (arguments that do not fit the tool) is refused, nothing is answered
+    messages = [user("u-1", "add 2 and 3"), tool_call_of(asked)]
+    bad = {"interruptId": "c-1", "status": "resolved", "payload": {"approve": True, "args": {}}}
+    resp = await client.post("/agui", json=run_input("t-ap", messages, resume=[bad]))
+    assert resp.status == 400 and "args do not fit add" in (await resp.json())["error"]["message"]
+
+    edited = {"approve": True, "args": {"a": 2, "b": 4}}
+    resume = [{"interruptId": "c-1", "status": "resolved", "payload": edited}]
+    done = await run(client, run_input("t-ap", messages, runId="r-2", resume=resume))
+    assert types(done)[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_RESULT"]
+    assert done[2]["toolCallId"] == "c-1" and done[2]["content"] == "6"  # the person's args
+    assert text_of(done) == "it is 5" and done[-1]["type"] == "RUN_FINISHED"
+    assert "outcome" not in done[-1]
+    records = await conv.get_messages()
+    approval = [r.payload for r in records if r.kind == "approval"][-1]
+    assert approval["status"] == "approved" and approval["editedArgsJson"] == '{"a": 2, "b": 4}'
+    # answered: a second resume is a conflict
+    resp = await client.post("/agui", json=run_input("t-ap", messages, resume=resume))
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "not_waiting"
+
+
+async def test_a_cancelled_interrupt_denies_and_two_calls_are_two_interrupts(
+    make_client: Any,
+) -> None:
+    calls = [ToolCallRequest("c-1", "add", '{"a": 1}'), ToolCallRequest("c-2", "add", '{"a": 2}')]
+    llm = ScriptedLLM(calls, ["one denied"])
+    client = await make_client(llm, AGENTIK_TOOL_APPROVAL="all")
+    asked = await run(client, run_input("t-two", [user("u-1", "go")]))
+    interrupts = asked[-1]["outcome"]["interrupts"]
+    assert [i["id"] for i in interrupts] == ["c-1", "c-2"]
+    # one answer: the run ends at once, on what still waits
+    yes = {"interruptId": "c-1", "status": "resolved", "payload": True}
+    half = await run(client, run_input("t-two", [], runId="r-2", resume=[yes]))
+    assert types(half) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [i["id"] for i in half[-1]["outcome"]["interrupts"]] == ["c-2"]
+    no = {"interruptId": "c-2", "status": "cancelled"}
+    done = await run(client, run_input("t-two", [], runId="r-3", resume=[no]))
+    results = [e for e in done if e["type"] == "TOOL_CALL_RESULT"]
+    assert [r["content"] for r in results] == [
+        "1",
+        "Error: a person denied this call: cancelled in the front end",
+    ]
+    assert text_of(done) == "one denied"
+
+
+async def test_a_resume_without_a_waiting_turn_or_for_an_unknown_interrupt_is_refused(
+    make_client: Any,
+) -> None:
+    client = await make_client(
+        ScriptedLLM([ToolCallRequest("c-1", "add", '{"a": 1}')]), AGENTIK_TOOL_APPROVAL="all"
+    )
+    resume = [{"interruptId": "c-1", "status": "resolved"}]
+    resp = await client.post("/agui", json=run_input("t-none", [], resume=resume))
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "not_waiting"
+    await run(client, run_input("t-unk", [user("u-1", "go")]))
+    unknown = [{"interruptId": "nope", "status": "resolved"}]
+    resp = await client.post("/agui", json=run_input("t-unk", [], resume=unknown))
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "unknown_interrupt"
 
 
 @pytest.mark.parametrize(

@@ -172,3 +172,71 @@ async def test_the_real_client_through_every_way_a_run_ends(
     assert stopped["error"] is None
     assert kinds(stopped)[-1] == "RUN_FINISHED"
     assert stopped["events"][-1]["outcome"] == {"type": "cancelled"}
+
+
+@pytest.fixture
+def approving(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str, Any]:
+    """``agentik serve`` whose MCP time tool waits for a person's approval."""
+    config = tmp_path / "mcp.json"
+    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
+    config.write_text(json.dumps({"mcpServers": {"time": time_server}}))
+    proc, base = serve(
+        {
+            "OPENAI_BASE_URL": fake_openai_proc,
+            "OPENAI_API_KEY": "fake",
+            "OPENAI_MODEL": "fake-model",
+            "AGENTIK_MCP_CONFIG": str(config),
+            "AGENTIK_TOOL_APPROVAL": "time__*",
+        }
+    )
+    proc.wait_output("tokens:", timeout=30)
+    return base, fake_openai_proc, proc
+
+
+async def test_an_approval_is_an_interrupt_the_real_client_answers_with_resume(
+    approving: tuple[str, str, Any],
+) -> None:
+    """The held call ends the run with the ``interrupt`` outcome; the client's next run
+    answers it (``resume``, built by ``buildResumeArray``) and streams the rest of the turn:
+    approved, the tool runs; cancelled, the model is told a person denied it."""
+    base, fake, _ = approving
+    call = {"tool_calls": [["time__get_current_time", {"timezone": "UTC"}]]}
+    await script_fake(fake, call, {"text": "It is now."}, call, {"text": "Not allowed then."})
+    yes = {"status": "resolved", "payload": {"approve": True}}
+    runs = [
+        {"threadId": "ap-1", "messages": [user("u-1", "what time is it?")]},
+        {"threadId": "ap-1", "follow": True, "answer": yes},
+        {"threadId": "ap-2", "messages": [user("u-1", "and now?")]},
+        {"threadId": "ap-2", "follow": True, "answer": {"status": "cancelled"}},
+    ]
+    asked, approved, asked_again, denied = await run_client(f"{base}/agui", runs)
+    assert [r["error"] for r in (asked, approved, asked_again, denied)] == [None] * 4
+    assert kinds(asked) == [
+        "RUN_STARTED",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "RUN_FINISHED",
+    ]
+    outcome = asked["events"][-1]["outcome"]
+    (interrupt,) = outcome["interrupts"]
+    assert outcome["type"] == "interrupt" and interrupt["reason"] == "tool_approval"
+    assert interrupt["toolCallId"] == asked["events"][1]["toolCallId"]
+    assert [i["id"] for i in asked["pendingInterrupts"]] == [interrupt["id"]]
+
+    # the answer's run: the thread as it was, the tool's result, the reply
+    assert kinds(approved)[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_RESULT"]
+    assert "UTC" in approved["events"][2]["content"]  # it ran, after the approval
+    assert text_of(approved) == "It is now." and approved["pendingInterrupts"] == []
+    roles = [m["role"] for m in approved["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+    results = [e for e in denied["events"] if e["type"] == "TOOL_CALL_RESULT"]
+    assert results[0]["content"].startswith("Error: a person denied this call")
+    assert text_of(denied) == "Not allowed then."
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{base}/agentik/conversations") as r:
+            convs = (await r.json())["items"]
+        for conv in convs:  # nothing waits any more
+            async with s.get(f"{base}/agentik/conversations/{conv['id']}/approvals") as r:
+                assert (await r.json())["items"] == []

@@ -12,7 +12,7 @@ from agentik.core.llm import HistoryItem, LLMInput, ToolCallRequest, ToolResultI
 from agentik.core.progress import Progress
 from agentik.core.records import new_id, utcnow
 from agentik.core.turns import TurnState
-from agentik.core.types import ApprovalRequested, Message, ToolCall, ToolResult
+from agentik.core.types import ApprovalRequested, Message, ToolCall, ToolResult, Waiting
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
@@ -66,6 +66,8 @@ class ToolSteps:
             )
             self.conv.emit(event)
             self.conv.agent.announce(event)
+        if waits:  # the turn's last event until they are answered
+            self.conv.emit(Waiting(turn.id, tuple(w.to_json() for w in waits)))
 
     async def run(self, turn: Progress) -> list[LLMInput]:
         """Run the recorded calls without results, in order, each result recorded when it
