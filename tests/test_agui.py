@@ -367,18 +367,95 @@ async def test_a_resume_without_a_waiting_turn_or_for_an_unknown_interrupt_is_re
     assert resp.status == 400 and (await resp.json())["error"]["code"] == "unknown_interrupt"
 
 
+CONFIRM = {
+    "name": "confirm",
+    "description": "Ask the user to confirm",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+}
+
+
+def tool_result(call_id: str, content: str) -> dict[str, Any]:
+    return {"id": f"r-{call_id}", "role": "tool", "toolCallId": call_id, "content": content}
+
+
+async def test_a_client_tool_is_offered_its_call_ends_the_run_and_its_result_continues_the_turn(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM([ToolCallRequest("c-1", "confirm", '{"q": "ok?"}')], ["thanks"], ["plain"])
+    # approvals for every call: a client's tool is the client's to run, it asks no approval
+    client = await make_client(llm, AGENTIK_TOOL_APPROVAL="all")
+    asked = await run(client, run_input("t-ct", [user("u-1", "go")], tools=[CONFIRM]))
+    assert llm.offered[-1] == ["add", "confirm"]  # beside the agent's own tools
+    assert types(asked) == [
+        "RUN_STARTED",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "RUN_FINISHED",
+    ]
+    assert asked[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c-1"]}
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-ct")
+    turn = await conv.waiting_turn()
+    assert turn is not None and [(w.call_id, w.kind) for w in turn.waits] == [
+        ("c-1", "client_tool")
+    ]
+    assert await conv.approvals() == []
+
+    messages = [user("u-1", "go"), tool_call_of(asked), tool_result("c-1", "yes, go on")]
+    done = await run(client, run_input("t-ct", messages, runId="r-2", tools=[CONFIRM]))
+    assert types(done)[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_RESULT"]
+    assert done[2]["toolCallId"] == "c-1" and done[2]["content"] == "yes, go on"
+    assert text_of(done) == "thanks" and "outcome" not in done[-1]
+    records = await conv.get_messages()
+    result = next(r.payload for r in records if r.kind == "tool_result")
+    assert (result["callId"], result["text"], result["isError"]) == ("c-1", "yes, go on", False)
+    # the same result again (a retried run) answers nothing: the thread as it is
+    again = await run(client, run_input("t-ct", messages, runId="r-3"))
+    assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    # the next turn, without tools from the client, is offered the agent's own only
+    history = [*messages, {"id": "a-2", "role": "assistant", "content": "thanks"}]
+    await run(client, run_input("t-ct", [*history, user("u-2", "more")], runId="r-4"))
+    assert llm.offered[-1] == ["add"]
+
+
+async def test_a_client_tool_call_waits_across_a_restart(make_client: Any) -> None:
+    first = await make_client(ScriptedLLM([ToolCallRequest("c-1", "confirm", "{}")]))
+    asked = await run(first, run_input("t-rs", [user("u-1", "go")], tools=[CONFIRM]))
+    assert asked[-1]["outcome"]["pendingToolCallIds"] == ["c-1"]
+    await first.close()
+    llm = ScriptedLLM(["after the restart"])
+    second = await make_client(llm)  # the same database
+    messages = [user("u-1", "go"), tool_call_of(asked), tool_result("c-1", "done")]
+    done = await run(second, run_input("t-rs", messages, runId="r-2"))
+    assert text_of(done) == "after the restart"
+    assert llm.offered[-1] == ["add", "confirm"]  # the turn's tools, kept with it
+
+
+async def test_an_error_result_from_the_client_reaches_the_model_as_an_error(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM([ToolCallRequest("c-1", "confirm", "{}")], ["sorry"])
+    client = await make_client(llm)
+    asked = await run(client, run_input("t-err", [user("u-1", "go")], tools=[CONFIRM]))
+    failed = {**tool_result("c-1", ""), "error": "the user closed the dialog"}
+    done = await run(client, run_input("t-err", [user("u-1", "go"), tool_call_of(asked), failed]))
+    result = next(e for e in done if e["type"] == "TOOL_CALL_RESULT")
+    assert result["content"] == "the user closed the dialog"
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-err")
+    records = await conv.get_messages()
+    assert next(r.payload for r in records if r.kind == "tool_result")["isError"] is True
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
         (
-            run_input(
-                "t", [user("u", "x")], tools=[{"name": "f", "description": "d", "parameters": {}}]
-            ),
-            "client_tools_unsupported",
+            run_input("t", [user("u", "x")], tools=[{"name": "add", "description": "mine"}]),
+            "client_tool_conflict",  # the agent's own tool has that name
         ),
         (
-            run_input("t", [{"id": "r", "role": "tool", "toolCallId": "c", "content": "x"}]),
-            "client_tools_unsupported",
+            run_input("t", [user("u", "x")], tools=[{"name": "a b", "description": "d"}]),
+            "invalid_request",
         ),
         ({"threadId": "t"}, "invalid_request"),
         (run_input("t", [user("u", "")]), "invalid_request"),

@@ -240,3 +240,51 @@ async def test_an_approval_is_an_interrupt_the_real_client_answers_with_resume(
         for conv in convs:  # nothing waits any more
             async with s.get(f"{base}/agentik/conversations/{conv['id']}/approvals") as r:
                 assert (await r.json())["items"] == []
+
+
+CONFIRM = {
+    "name": "confirm",
+    "description": "Ask the user to confirm an action",
+    "parameters": {"type": "object", "properties": {"action": {"type": "string"}}},
+}
+
+
+async def test_a_client_side_tool_the_real_client_runs_continues_the_turn(
+    approving: tuple[str, str, Any],
+) -> None:
+    """The front end's tool is offered to the model; its call ends the run with the call
+    streamed and pending; the next run carries the tool message and the turn goes on. No
+    approval is asked for it (the policy holds ``time__*`` only, and a client's tool is never
+    the approvals' to hold)."""
+    base, fake, _ = approving
+    call = {"tool_calls": [["confirm", {"action": "delete the draft"}]]}
+    await script_fake(fake, call, {"text": "Deleted, as you confirmed."})
+    runs = [
+        {"threadId": "ct-1", "messages": [user("u-1", "delete the draft")], "tools": [CONFIRM]},
+        {"threadId": "ct-1", "follow": True, "toolResults": {"confirm": "yes"}},
+    ]
+    asked, done = await run_client(f"{base}/agui", runs)
+    assert asked["error"] is None and done["error"] is None
+    assert kinds(asked) == [
+        "RUN_STARTED",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "RUN_FINISHED",
+    ]
+    call_id = asked["events"][1]["toolCallId"]
+    assert asked["events"][1]["toolCallName"] == "confirm"
+    assert asked["events"][-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
+    assert asked["pendingInterrupts"] == []
+
+    assert kinds(done)[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_RESULT"]
+    assert done["events"][2]["toolCallId"] == call_id and done["events"][2]["content"] == "yes"
+    assert text_of(done) == "Deleted, as you confirmed."
+    assert [m["role"] for m in done["messages"]] == ["user", "assistant", "tool", "assistant"]
+    root = fake.removesuffix("/v1")
+    async with aiohttp.ClientSession() as s, s.get(f"{root}/_fake/requests") as r:
+        requests = await r.json()
+    offered = [t["function"]["name"] for t in requests[-2]["tools"]]
+    assert "confirm" in offered and "time__get_current_time" in offered
+    sent = requests[-1]["messages"]  # the model got the front end's result
+    assert sent[-1]["role"] == "tool" and sent[-1]["content"] == "yes"

@@ -17,12 +17,14 @@ from ag_ui.core import (
     ResumeEntry,
     RunAgentInput,
     RunStartedEvent,
+    ToolMessage,
     UrlSource,
     UserMessage,
 )
 from ag_ui.core import ImagePart as AguiImage
 from ag_ui.core import Message as AguiMessage
 from ag_ui.core import TextPart as AguiText
+from ag_ui.core import Tool as AguiTool
 from ag_ui.encoder import EventEncoder
 from aiohttp import web
 from pydantic import ValidationError
@@ -33,6 +35,7 @@ from agentik.core.app import error_response
 from agentik.core.approvals import APPROVAL
 from agentik.core.conversation import NotWaiting
 from agentik.core.store import utcnow
+from agentik.core.tools import TOOL_NAME, ToolSpec
 from agentik.core.turns import CLIENT_TOOL, TurnRecord, TurnState, Wait
 from agentik.core.types import (
     ContentPart,
@@ -58,12 +61,8 @@ class NewInput:
     """What a run brings that the agent has not seen: the trailing user messages."""
 
     def __init__(self, body: RunAgentInput) -> None:
-        if body.tools:
-            raise Refused(
-                "client_tools_unsupported",
-                "this agent cannot call client-side tools (RunAgentInput.tools must be empty); "
-                "it calls only its own tools",
-            )
+        #: the front end's own tools, offered to the model for the turn this run starts
+        self.tools = [_tool(t) for t in body.tools or ()]
         #: answers to the interrupts of the run before (approvals)
         self.resume = list(body.resume or ())
         messages = list(body.messages)
@@ -71,12 +70,9 @@ class NewInput:
         while messages and isinstance(last := messages[-1], UserMessage):
             tail.insert(0, last)
             messages.pop()
-        if not tail and messages and messages[-1].role == "tool":
-            raise Refused(
-                "client_tools_unsupported",
-                "a tool result from the client answers no call of this agent's (it calls only "
-                "its own tools)",
-            )
+        #: the results of the front end's tools, by call id (those the waiting turn waits for
+        #: answer it; the others are history)
+        self.results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
         #: the messages the client already had before the new ones
         self.prior_ids = {m.id for m in messages}
         self.users = tail
@@ -86,7 +82,13 @@ class NewInput:
 
     def answers(self, turn: TurnRecord) -> bool:
         """Whether this run answers any of what ``turn`` waits for."""
-        return False
+        return any(self._result_for(w) is not None for w in turn.waits)
+
+    def _result_for(self, wait: Wait) -> ToolMessage | None:
+        """The tool message that answers a waiting call of a client's tool, if there is one."""
+        if wait.kind != CLIENT_TOOL or wait.answered:
+            return None
+        return self.results.get(wait.call_id)
 
     def checked_answers(self, turn: TurnRecord, agent: ChatAgent) -> list[tuple[str, Any]]:
         """The answers this run gives ``turn``'s waits, each checked (:class:`InvalidInput`
@@ -106,6 +108,11 @@ class NewInput:
             if wait.kind == APPROVAL:
                 approvals.check(answer, wait, agent.tools)
             out.append((wait.call_id, answer))
+        for wait in turn.waits:
+            message = self._result_for(wait)
+            if message is not None:
+                text = _text(message.content) or message.error or ""
+                out.append((wait.call_id, {"result": text, "isError": message.error is not None}))
         return out
 
     def content(self) -> tuple[list[ContentPart], MessageContext]:
@@ -121,7 +128,13 @@ class NewInput:
             parts.extend(_parts(message))
         if len(parts) == added:
             raise InvalidInput("the new user message has no content")
-        meta = {META: {"messageId": self.users[-1].id, "contextParts": added}}
+        meta: dict[str, Any] = {"messageId": self.users[-1].id, "contextParts": added}
+        if self.tools:  # kept with the turn: a turn taken up after a restart offers them again
+            meta["tools"] = [
+                {"name": t.name, "description": t.description, "parameters": t.parameters}
+                for t in self.tools
+            ]
+        meta = {META: meta}
         return parts, MessageContext(metadata=meta)
 
 
@@ -146,6 +159,23 @@ def resume_answer(wait: Wait, entry: ResumeEntry) -> Any:
     if entry.status == "cancelled":
         return {"result": "Error: cancelled in the front end", "isError": True}
     return payload
+
+
+def _tool(tool: AguiTool) -> ToolSpec:
+    """A front end's tool as the model is offered it; a name no model takes is refused."""
+    if not TOOL_NAME.match(tool.name):
+        raise InvalidInput(f"tool name {tool.name!r} must match {TOOL_NAME.pattern}")
+    parameters = tool.parameters if tool.parameters is not None else {"type": "object"}
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"tool {tool.name!r}: parameters must be a JSON schema object")
+    return ToolSpec(tool.name, tool.description, parameters)
+
+
+def _text(content: Any) -> str:
+    """The text of a tool message's content (a string, or parts of which text is kept)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content if isinstance(p, AguiText))
 
 
 def _parts(message: UserMessage) -> list[ContentPart]:
@@ -184,6 +214,12 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
         body = parse(await request.read())
         new = NewInput(body)
         parts, context = new.content() if new.users else ([], None)  # refused before any write
+        taken = [t.name for t in new.tools if t.name in agent.tools]
+        if taken:
+            raise Refused(
+                "client_tool_conflict",
+                f"the agent has a tool named {taken[0]!r} of its own: rename the front end's",
+            )
         conv = await agent.aliased_conversation("agui", body.thread_id)
         waiting = await conv.waiting_turn()
         if waiting is not None and (new.resume or new.answers(waiting)):
