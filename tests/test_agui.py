@@ -418,6 +418,27 @@ async def test_a_client_tool_is_offered_its_call_ends_the_run_and_its_result_con
     assert llm.offered[-1] == ["add"]
 
 
+async def test_a_step_with_a_client_tool_and_an_approval_needs_both_answers(
+    make_client: Any,
+) -> None:
+    calls = [ToolCallRequest("c-1", "confirm", "{}"), ToolCallRequest("c-2", "add", '{"a": 1}')]
+    client = await make_client(ScriptedLLM(calls, ["both done"]), AGENTIK_TOOL_APPROVAL="add")
+    asked = await run(client, run_input("t-both", [user("u-1", "go")], tools=[CONFIRM]))
+    outcome = asked[-1]["outcome"]  # it asks: the interrupt outcome, for the approval only
+    assert outcome["type"] == "interrupt" and [i["id"] for i in outcome["interrupts"]] == ["c-2"]
+    history = [user("u-1", "go"), {"id": "a-1", "role": "assistant", "toolCalls": []}]
+    # the result alone: the run ends at once, on the approval still open
+    result = tool_result("c-1", "confirmed")
+    half = await run(client, run_input("t-both", [*history, result], runId="r-2"))
+    assert types(half) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [i["id"] for i in half[-1]["outcome"]["interrupts"]] == ["c-2"]
+    yes = [{"interruptId": "c-2", "status": "resolved", "payload": {"approve": True}}]
+    done = await run(client, run_input("t-both", [*history, result], runId="r-3", resume=yes))
+    results = [(e["toolCallId"], e["content"]) for e in done if e["type"] == "TOOL_CALL_RESULT"]
+    assert results == [("c-1", "confirmed"), ("c-2", "1")]
+    assert text_of(done) == "both done"
+
+
 async def test_a_client_tool_call_waits_across_a_restart(make_client: Any) -> None:
     first = await make_client(ScriptedLLM([ToolCallRequest("c-1", "confirm", "{}")]))
     asked = await run(first, run_input("t-rs", [user("u-1", "go")], tools=[CONFIRM]))
