@@ -270,6 +270,10 @@ async def test_the_client_leaving_does_not_stop_the_turn(make_client: Any) -> No
     assert records[-1].kind == "assistant" and records[-1].payload["text"] == "a" * 30
 
 
+#: a run that ends on a tool call waiting for an answer
+ASKED = ["RUN_STARTED", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "RUN_FINISHED"]
+
+
 def tool_call_of(events: list[dict[str, Any]]) -> dict[str, Any]:
     """The tool call a run streamed, as the client keeps it (an assistant message)."""
     start = next(e for e in events if e["type"] == "TOOL_CALL_START")
@@ -285,13 +289,7 @@ async def test_an_approval_ends_the_run_with_an_interrupt_and_the_resume_continu
     llm = ScriptedLLM([ToolCallRequest("c-1", "add", '{"a": 2, "b": 3}')], ["it is 5"])
     client = await make_client(llm, AGENTIK_TOOL_APPROVAL="add")
     asked = await run(client, run_input("t-ap", [user("u-1", "add 2 and 3")]))
-    assert types(asked) == [
-        "RUN_STARTED",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
-        "RUN_FINISHED",
-    ]
+    assert types(asked) == ASKED
     (interrupt,) = asked[-1]["outcome"]["interrupts"]
     assert asked[-1]["outcome"]["type"] == "interrupt"
     assert interrupt["id"] == interrupt["toolCallId"] == "c-1"
@@ -386,13 +384,7 @@ async def test_a_client_tool_is_offered_its_call_ends_the_run_and_its_result_con
     client = await make_client(llm, AGENTIK_TOOL_APPROVAL="all")
     asked = await run(client, run_input("t-ct", [user("u-1", "go")], tools=[CONFIRM]))
     assert llm.offered[-1] == ["add", "confirm"]  # beside the agent's own tools
-    assert types(asked) == [
-        "RUN_STARTED",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
-        "RUN_FINISHED",
-    ]
+    assert types(asked) == ASKED
     assert asked[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c-1"]}
     conv = await client.server.app[AGENT].aliased_conversation("agui", "t-ct")
     turn = await conv.waiting_turn()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import aiohttp
 import pytest
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
-from tests.conftest import ROOT, script_fake
+from tests.conftest import ROOT, free_port, script_fake
 
 CLIENT = ROOT / "tests" / "agui"
 pytestmark = pytest.mark.skipif(
@@ -56,27 +57,34 @@ def text_of(result: dict[str, Any]) -> str:
     return "".join(e["delta"] for e in result["events"] if e["type"] == "TEXT_MESSAGE_CONTENT")
 
 
-@pytest.fixture
-def agentik(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str, Any]:
-    """``agentik serve`` with the fake LLM, the time MCP server as its tool, and an API key."""
+def start(serve: Any, fake: str, tmp_path: Path, **env: str) -> tuple[str, str, Any]:
+    """``agentik serve`` with the fake LLM and the time MCP server as its tool, plus ``env``."""
     config = tmp_path / "mcp.json"
     time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
     config.write_text(json.dumps({"mcpServers": {"time": time_server}}))
     proc, base = serve(
         {
-            "OPENAI_BASE_URL": fake_openai_proc,
+            "OPENAI_BASE_URL": fake,
             "OPENAI_API_KEY": "fake",
             "OPENAI_MODEL": "fake-model",
             "AGENTIK_MCP_CONFIG": str(config),
-            "AGENTIK_API_KEY": KEY,
+            **env,
         }
     )
     proc.wait_output("tokens:", timeout=30)  # the banner: the MCP server is up
     assert "/agui" in proc.output
-    return base, fake_openai_proc, proc
+    return base, fake, proc
+
+
+@pytest.fixture
+def agentik(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str, Any]:
+    """``agentik serve`` with the time tool and an API key."""
+    return start(serve, fake_openai_proc, tmp_path, AGENTIK_API_KEY=KEY)
 
 
 AUTH = {"headers": {"Authorization": f"Bearer {KEY}"}}
+#: a run that ends on a tool call waiting for an answer
+ASKED = ["RUN_STARTED", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "RUN_FINISHED"]
 
 
 async def busy_conversation(base: str) -> str:
@@ -177,20 +185,7 @@ async def test_the_real_client_through_every_way_a_run_ends(
 @pytest.fixture
 def approving(serve: Any, fake_openai_proc: str, tmp_path: Path) -> tuple[str, str, Any]:
     """``agentik serve`` whose MCP time tool waits for a person's approval."""
-    config = tmp_path / "mcp.json"
-    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
-    config.write_text(json.dumps({"mcpServers": {"time": time_server}}))
-    proc, base = serve(
-        {
-            "OPENAI_BASE_URL": fake_openai_proc,
-            "OPENAI_API_KEY": "fake",
-            "OPENAI_MODEL": "fake-model",
-            "AGENTIK_MCP_CONFIG": str(config),
-            "AGENTIK_TOOL_APPROVAL": "time__*",
-        }
-    )
-    proc.wait_output("tokens:", timeout=30)
-    return base, fake_openai_proc, proc
+    return start(serve, fake_openai_proc, tmp_path, AGENTIK_TOOL_APPROVAL="time__*")
 
 
 async def test_an_approval_is_an_interrupt_the_real_client_answers_with_resume(
@@ -211,13 +206,7 @@ async def test_an_approval_is_an_interrupt_the_real_client_answers_with_resume(
     ]
     asked, approved, asked_again, denied = await run_client(f"{base}/agui", runs)
     assert [r["error"] for r in (asked, approved, asked_again, denied)] == [None] * 4
-    assert kinds(asked) == [
-        "RUN_STARTED",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
-        "RUN_FINISHED",
-    ]
+    assert kinds(asked) == ASKED
     outcome = asked["events"][-1]["outcome"]
     (interrupt,) = outcome["interrupts"]
     assert outcome["type"] == "interrupt" and interrupt["reason"] == "tool_approval"
@@ -265,13 +254,7 @@ async def test_a_client_side_tool_the_real_client_runs_continues_the_turn(
     ]
     asked, done = await run_client(f"{base}/agui", runs)
     assert asked["error"] is None and done["error"] is None
-    assert kinds(asked) == [
-        "RUN_STARTED",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
-        "RUN_FINISHED",
-    ]
+    assert kinds(asked) == ASKED
     call_id = asked["events"][1]["toolCallId"]
     assert asked["events"][1]["toolCallName"] == "confirm"
     assert asked["events"][-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
@@ -288,3 +271,35 @@ async def test_a_client_side_tool_the_real_client_runs_continues_the_turn(
     assert "confirm" in offered and "time__get_current_time" in offered
     sent = requests[-1]["messages"]  # the model got the front end's result
     assert sent[-1]["role"] == "tool" and sent[-1]["content"] == "yes"
+
+
+async def test_a_client_side_tool_call_waits_across_kill_9(
+    serve: Any, fake_openai_proc: str, tmp_path: Path
+) -> None:
+    """The server is killed while the front end's tool call waits: after the restart the
+    real client's next run, with the result, continues the turn, its tools offered again."""
+    fake = fake_openai_proc
+    env = {
+        "OPENAI_BASE_URL": fake,
+        "OPENAI_API_KEY": "fake",
+        "OPENAI_MODEL": "fake-model",
+        "AGENTIK_PORT": str(free_port()),
+    }
+    await script_fake(fake, {"tool_calls": [["confirm", {"action": "ship"}]]}, {"text": "Shipped."})
+    proc, base = serve(env)
+    first = {"threadId": "k9", "messages": [user("u-1", "ship it")], "tools": [CONFIRM]}
+    (asked,) = await run_client(f"{base}/agui", [first])
+    (call_id,) = asked["events"][-1]["outcome"]["pendingToolCallIds"]
+    proc.stop(signal.SIGKILL)
+
+    _, base = serve(env)
+    result = {"id": "r-1", "role": "tool", "toolCallId": call_id, "content": "yes"}
+    (done,) = await run_client(
+        f"{base}/agui", [{"threadId": "k9", "messages": [*asked["messages"], result]}]
+    )
+    assert done["error"] is None and text_of(done) == "Shipped."
+    root = fake.removesuffix("/v1")
+    async with aiohttp.ClientSession() as s, s.get(f"{root}/_fake/requests") as r:
+        last = (await r.json())[-1]
+    assert [t["function"]["name"] for t in last["tools"]] == ["confirm"]  # kept with the turn
+    assert last["messages"][-1] == {"role": "tool", "tool_call_id": call_id, "content": "yes"}
