@@ -221,7 +221,8 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
                 f"the agent has a tool named {taken[0]!r} of its own: rename the front end's",
             )
         conv = await agent.aliased_conversation("agui", body.thread_id)
-        waiting = await conv.waiting_turn()
+        # a turn that waits keeps its conversation busy: an idle one costs no query here
+        waiting = await conv.waiting_turn() if conv.busy else None
         if waiting is not None and (new.resume or new.answers(waiting)):
             return await _answer(request, body, conv, waiting, new)
         if new.resume:
