@@ -105,6 +105,7 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
         ToolResult,
         UserMessage,
         Via,
+        Waiting,
     )
 
 #: public name -> the module that holds it today (the only place that changes when it moves)
@@ -201,6 +202,7 @@ _WHERE = {
             "ToolResult",
             "UserMessage",
             "Via",
+            "Waiting",
         ],
         "agentik.core.types",
     ),

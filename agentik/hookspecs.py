@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from agentik.core.llm import HistoryItem, ToolCallRequest
     from agentik.core.registry import Register
     from agentik.core.settings import Setting, Settings
-    from agentik.core.tools import Tool
-    from agentik.core.turns import Wait
+    from agentik.core.tools import Tool, ToolSpec
+    from agentik.core.turns import TurnRecord, Wait
 
 PROJECT = "agentik"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -199,6 +199,23 @@ def tool_call_gate(conversation: ChatConversation, call: ToolCallRequest) -> Wai
     plugin's word, e.g. ``"approval"``), ``request`` (JSON) is what clients are shown; the
     ``call_id`` is set for you. The first implementation that returns a wait holds the call;
     one that raises is logged and holds nothing. Runs on the turn path: keep it cheap.
+    """
+
+
+@hookspec
+def turn_tools(conversation: ChatConversation, turn: TurnRecord) -> list[ToolSpec] | None:
+    """Called when a turn starts, and when it is taken up again (after a wait, after a
+    restart): the tools to offer the model for this turn only, beside the agent's own —
+    tools someone outside the agent runs (an AG-UI front end's ``RunAgentInput.tools``).
+
+    The agent never runs them: a call to one is held at once (a
+    :class:`~agentik.core.turns.Wait` of kind ``client_tool``, ``request``: ``toolName``,
+    ``argsJson``; no ``tool_call_gate`` is asked, so no approval either) and the turn waits,
+    durably, until whoever offered it answers with its result through
+    ``conversation.resume_turn(turn_id, call_id, {"result": text, "isError": bool})``. Return
+    the same tools for the same turn every time (keep them with the turn, e.g. in its user
+    message's ``context.metadata``): a turn resumed after a restart asks again. A name the
+    agent's own tools use is left out (logged). Runs on the turn path: keep it cheap.
     """
 
 

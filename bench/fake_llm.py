@@ -4,6 +4,7 @@ get byte-identical streams from the same process.
 
 A user text ``bench n=100 chars=300 delay=0.02`` gets a reply of ``chars`` characters (default
 ``3 * n``) in ``n`` content chunks, ``delay`` seconds before each chunk (0.02 = 50 tok/s).
+``bench call=NAME`` gets one call of the tool ``NAME`` (then, after its result, the echo).
 Any other text gets the fake's normal echo. Run: ``python bench/fake_llm.py --port-file F``.
 """
 
@@ -24,6 +25,8 @@ from tests.fake_openai import FakeOpenAI, Reply, _serve, echo, message_text  # n
 
 WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
 SPEC = re.compile(r"bench n=(\d+)(?: chars=(\d+))?(?: delay=([0-9.]+))?")
+#: ``bench call=NAME``: the reply to the user's message is one call of the tool NAME
+CALL = re.compile(r"bench call=([a-zA-Z0-9_-]+)")
 
 
 def spec_text(n: int, chars: int | None = None, delay: float = 0.0) -> str:
@@ -44,6 +47,9 @@ def reply_text(n: int, chars: int | None = None) -> str:
 def bench_default(body: dict[str, Any]) -> Reply:
     users = [m for m in body.get("messages", []) if m.get("role") == "user"]
     text = message_text(users[-1]) if users else ""
+    call = CALL.search(text)
+    if call is not None and body.get("messages", [{}])[-1].get("role") == "user":
+        return Reply(tool_calls=[(call.group(1), {"path": "notes.txt", "text": "hello"})])
     m = SPEC.search(text)
     if m is None:
         return echo(body)

@@ -20,7 +20,7 @@ from agentik.core.testing import ScriptedLLM, make_app
 from agentik.core.tools import tool
 from agentik.core.types import AppendText, End, Gap, StartResponse
 
-AGUI = ("agentik_transport_agui",)
+AGUI = ("agentik_transport_agui", "agentik_approvals")
 
 
 @tool
@@ -270,18 +270,205 @@ async def test_the_client_leaving_does_not_stop_the_turn(make_client: Any) -> No
     assert records[-1].kind == "assistant" and records[-1].payload["text"] == "a" * 30
 
 
+#: a run that ends on a tool call waiting for an answer
+ASKED = ["RUN_STARTED", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "RUN_FINISHED"]
+
+
+def tool_call_of(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The tool call a run streamed, as the client keeps it (an assistant message)."""
+    start = next(e for e in events if e["type"] == "TOOL_CALL_START")
+    args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
+    call = {"id": start["toolCallId"], "type": "function"}
+    call["function"] = {"name": start["toolCallName"], "arguments": args}
+    return {"id": "a-1", "role": "assistant", "toolCalls": [call]}
+
+
+async def test_an_approval_ends_the_run_with_an_interrupt_and_the_resume_continues_the_turn(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM([ToolCallRequest("c-1", "add", '{"a": 2, "b": 3}')], ["it is 5"])
+    client = await make_client(llm, AGENTIK_TOOL_APPROVAL="add")
+    asked = await run(client, run_input("t-ap", [user("u-1", "add 2 and 3")]))
+    assert types(asked) == ASKED
+    (interrupt,) = asked[-1]["outcome"]["interrupts"]
+    assert asked[-1]["outcome"]["type"] == "interrupt"
+    assert interrupt["id"] == interrupt["toolCallId"] == "c-1"
+    assert interrupt["reason"] == "tool_approval"
+    assert interrupt["metadata"] == {"toolName": "add", "argsJson": '{"a": 2, "b": 3}'}
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-ap")
+    assert [a.call_id for a in await conv.approvals()] == ["c-1"]  # durable, no task holds it
+
+    # a reconnect while it waits learns what waits
+    again = await run(client, run_input("t-ap", [], runId="r-again"))
+    assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert again[-1]["outcome"] == asked[-1]["outcome"]
+    # a new message cannot overtake the waiting turn from AG-UI
+    resp = await client.post("/agui", json=run_input("t-ap", [user("u-2", "hm")], runId="r-x"))
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "turn_waiting"
+    # a bad answer (arguments that do not fit the tool) is refused, nothing is answered
+    messages = [user("u-1", "add 2 and 3"), tool_call_of(asked)]
+    bad = {"interruptId": "c-1", "status": "resolved", "payload": {"approve": True, "args": {}}}
+    resp = await client.post("/agui", json=run_input("t-ap", messages, resume=[bad]))
+    assert resp.status == 400 and "args do not fit add" in (await resp.json())["error"]["message"]
+
+    edited = {"approve": True, "args": {"a": 2, "b": 4}}
+    resume = [{"interruptId": "c-1", "status": "resolved", "payload": edited}]
+    done = await run(client, run_input("t-ap", messages, runId="r-2", resume=resume))
+    assert types(done)[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_RESULT"]
+    assert done[2]["toolCallId"] == "c-1" and done[2]["content"] == "6"  # the person's args
+    assert text_of(done) == "it is 5" and done[-1]["type"] == "RUN_FINISHED"
+    assert "outcome" not in done[-1]
+    records = await conv.get_messages()
+    approval = [r.payload for r in records if r.kind == "approval"][-1]
+    assert approval["status"] == "approved" and approval["editedArgsJson"] == '{"a": 2, "b": 4}'
+    # answered: a second resume is a conflict
+    resp = await client.post("/agui", json=run_input("t-ap", messages, resume=resume))
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "not_waiting"
+
+
+async def test_a_cancelled_interrupt_denies_and_two_calls_are_two_interrupts(
+    make_client: Any,
+) -> None:
+    calls = [ToolCallRequest("c-1", "add", '{"a": 1}'), ToolCallRequest("c-2", "add", '{"a": 2}')]
+    llm = ScriptedLLM(calls, ["one denied"])
+    client = await make_client(llm, AGENTIK_TOOL_APPROVAL="all")
+    asked = await run(client, run_input("t-two", [user("u-1", "go")]))
+    interrupts = asked[-1]["outcome"]["interrupts"]
+    assert [i["id"] for i in interrupts] == ["c-1", "c-2"]
+    # one answer: the run ends at once, on what still waits
+    yes = {"interruptId": "c-1", "status": "resolved", "payload": True}
+    half = await run(client, run_input("t-two", [], runId="r-2", resume=[yes]))
+    assert types(half) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [i["id"] for i in half[-1]["outcome"]["interrupts"]] == ["c-2"]
+    no = {"interruptId": "c-2", "status": "cancelled"}
+    done = await run(client, run_input("t-two", [], runId="r-3", resume=[no]))
+    results = [e for e in done if e["type"] == "TOOL_CALL_RESULT"]
+    assert [r["content"] for r in results] == [
+        "1",
+        "Error: a person denied this call: cancelled in the front end",
+    ]
+    assert text_of(done) == "one denied"
+
+
+async def test_a_resume_without_a_waiting_turn_or_for_an_unknown_interrupt_is_refused(
+    make_client: Any,
+) -> None:
+    client = await make_client(
+        ScriptedLLM([ToolCallRequest("c-1", "add", '{"a": 1}')]), AGENTIK_TOOL_APPROVAL="all"
+    )
+    resume = [{"interruptId": "c-1", "status": "resolved"}]
+    resp = await client.post("/agui", json=run_input("t-none", [], resume=resume))
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "not_waiting"
+    await run(client, run_input("t-unk", [user("u-1", "go")]))
+    unknown = [{"interruptId": "nope", "status": "resolved"}]
+    resp = await client.post("/agui", json=run_input("t-unk", [], resume=unknown))
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "unknown_interrupt"
+
+
+CONFIRM = {
+    "name": "confirm",
+    "description": "Ask the user to confirm",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+}
+
+
+def tool_result(call_id: str, content: str) -> dict[str, Any]:
+    return {"id": f"r-{call_id}", "role": "tool", "toolCallId": call_id, "content": content}
+
+
+async def test_a_client_tool_is_offered_its_call_ends_the_run_and_its_result_continues_the_turn(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM([ToolCallRequest("c-1", "confirm", '{"q": "ok?"}')], ["thanks"], ["plain"])
+    # approvals for every call: a client's tool is the client's to run, it asks no approval
+    client = await make_client(llm, AGENTIK_TOOL_APPROVAL="all")
+    asked = await run(client, run_input("t-ct", [user("u-1", "go")], tools=[CONFIRM]))
+    assert llm.offered[-1] == ["add", "confirm"]  # beside the agent's own tools
+    assert types(asked) == ASKED
+    assert asked[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c-1"]}
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-ct")
+    turn = await conv.waiting_turn()
+    assert turn is not None and [(w.call_id, w.kind) for w in turn.waits] == [
+        ("c-1", "client_tool")
+    ]
+    assert await conv.approvals() == []
+
+    messages = [user("u-1", "go"), tool_call_of(asked), tool_result("c-1", "yes, go on")]
+    done = await run(client, run_input("t-ct", messages, runId="r-2", tools=[CONFIRM]))
+    assert types(done)[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_RESULT"]
+    assert done[2]["toolCallId"] == "c-1" and done[2]["content"] == "yes, go on"
+    assert text_of(done) == "thanks" and "outcome" not in done[-1]
+    records = await conv.get_messages()
+    result = next(r.payload for r in records if r.kind == "tool_result")
+    assert (result["callId"], result["text"], result["isError"]) == ("c-1", "yes, go on", False)
+    # the same result again (a retried run) answers nothing: the thread as it is
+    again = await run(client, run_input("t-ct", messages, runId="r-3"))
+    assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    # the next turn, without tools from the client, is offered the agent's own only
+    history = [*messages, {"id": "a-2", "role": "assistant", "content": "thanks"}]
+    await run(client, run_input("t-ct", [*history, user("u-2", "more")], runId="r-4"))
+    assert llm.offered[-1] == ["add"]
+
+
+async def test_a_step_with_a_client_tool_and_an_approval_needs_both_answers(
+    make_client: Any,
+) -> None:
+    calls = [ToolCallRequest("c-1", "confirm", "{}"), ToolCallRequest("c-2", "add", '{"a": 1}')]
+    client = await make_client(ScriptedLLM(calls, ["both done"]), AGENTIK_TOOL_APPROVAL="add")
+    asked = await run(client, run_input("t-both", [user("u-1", "go")], tools=[CONFIRM]))
+    outcome = asked[-1]["outcome"]  # it asks: the interrupt outcome, for the approval only
+    assert outcome["type"] == "interrupt" and [i["id"] for i in outcome["interrupts"]] == ["c-2"]
+    history = [user("u-1", "go"), {"id": "a-1", "role": "assistant", "toolCalls": []}]
+    # the result alone: the run ends at once, on the approval still open
+    result = tool_result("c-1", "confirmed")
+    half = await run(client, run_input("t-both", [*history, result], runId="r-2"))
+    assert types(half) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [i["id"] for i in half[-1]["outcome"]["interrupts"]] == ["c-2"]
+    yes = [{"interruptId": "c-2", "status": "resolved", "payload": {"approve": True}}]
+    done = await run(client, run_input("t-both", [*history, result], runId="r-3", resume=yes))
+    results = [(e["toolCallId"], e["content"]) for e in done if e["type"] == "TOOL_CALL_RESULT"]
+    assert results == [("c-1", "confirmed"), ("c-2", "1")]
+    assert text_of(done) == "both done"
+
+
+async def test_a_client_tool_call_waits_across_a_restart(make_client: Any) -> None:
+    first = await make_client(ScriptedLLM([ToolCallRequest("c-1", "confirm", "{}")]))
+    asked = await run(first, run_input("t-rs", [user("u-1", "go")], tools=[CONFIRM]))
+    assert asked[-1]["outcome"]["pendingToolCallIds"] == ["c-1"]
+    await first.close()
+    llm = ScriptedLLM(["after the restart"])
+    second = await make_client(llm)  # the same database
+    messages = [user("u-1", "go"), tool_call_of(asked), tool_result("c-1", "done")]
+    done = await run(second, run_input("t-rs", messages, runId="r-2"))
+    assert text_of(done) == "after the restart"
+    assert llm.offered[-1] == ["add", "confirm"]  # the turn's tools, kept with it
+
+
+async def test_an_error_result_from_the_client_reaches_the_model_as_an_error(
+    make_client: Any,
+) -> None:
+    llm = ScriptedLLM([ToolCallRequest("c-1", "confirm", "{}")], ["sorry"])
+    client = await make_client(llm)
+    asked = await run(client, run_input("t-err", [user("u-1", "go")], tools=[CONFIRM]))
+    failed = {**tool_result("c-1", ""), "error": "the user closed the dialog"}
+    done = await run(client, run_input("t-err", [user("u-1", "go"), tool_call_of(asked), failed]))
+    result = next(e for e in done if e["type"] == "TOOL_CALL_RESULT")
+    assert result["content"] == "the user closed the dialog"
+    conv = await client.server.app[AGENT].aliased_conversation("agui", "t-err")
+    records = await conv.get_messages()
+    assert next(r.payload for r in records if r.kind == "tool_result")["isError"] is True
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
         (
-            run_input(
-                "t", [user("u", "x")], tools=[{"name": "f", "description": "d", "parameters": {}}]
-            ),
-            "client_tools_unsupported",
+            run_input("t", [user("u", "x")], tools=[{"name": "add", "description": "mine"}]),
+            "client_tool_conflict",  # the agent's own tool has that name
         ),
         (
-            run_input("t", [{"id": "r", "role": "tool", "toolCallId": "c", "content": "x"}]),
-            "client_tools_unsupported",
+            run_input("t", [user("u", "x")], tools=[{"name": "a b", "description": "d"}]),
+            "invalid_request",
         ),
         ({"threadId": "t"}, "invalid_request"),
         (run_input("t", [user("u", "")]), "invalid_request"),

@@ -178,7 +178,10 @@ async def test_an_approved_call_runs_and_the_history_says_so(aiohttp_client):
     }
     rest = await read_sse(events, until="End")
     events.close()
+    assert rest[0]["data"]["type"] == "Waiting" and rest[0]["data"]["turnId"] == user["id"]
+    assert [(w["callId"], w["kind"]) for w in rest[0]["data"]["waits"]] == [("c1", "approval")]
     assert [f["event"] for f in rest if f["event"] != "AppendText"] == [
+        "Waiting",
         "ToolResult",
         "StartResponse",
         "End",

@@ -16,7 +16,7 @@ from agentik.core.llm import HistoryItem, ToolCallRequest
 from agentik.core.plugins import Plugins
 from agentik.core.settings import Setting, parse_positive_int
 from agentik.core.testing import ScriptedLLM, make_app, test_plugins
-from agentik.core.tools import tool
+from agentik.core.tools import ToolSpec, tool
 from agentik.core.turns import TurnState, Wait
 from agentik.core.types import TextPart
 
@@ -285,6 +285,49 @@ async def test_hook_tool_call_answer(aiohttp_client):
         ("a", "launched at mars", False),
         ("b", "Denied by a person.", True),
     ]
+
+
+async def test_hook_turn_tools(aiohttp_client, caplog):
+    """A turn's own tools are offered beside the agent's for that turn only; a call to one
+    waits for its result (no gate is asked), which the model then gets."""
+    asked: list[str] = []
+
+    @tool
+    def launch(target: str) -> str:
+        return f"launched at {target}"
+
+    class FrontEnd:
+        @hookimpl
+        def turn_tools(self, turn):
+            if "choose" not in turn.user.payload["content"][0]["body"]:
+                return None
+            pick = ToolSpec("pick_colour", "Let the user pick a colour")
+            return [pick, ToolSpec("launch", "taken: the agent has it"), ToolSpec("a b", "bad")]
+
+        @hookimpl
+        def tool_call_gate(self, call):
+            asked.append(call.name)
+            return Wait("", "check")
+
+    llm = ScriptedLLM([ToolCallRequest("c1", "pick_colour", "{}")], ["blue it is"], ["plain"])
+    plugins = [("front", FrontEnd()), ("t", _tools(launch))]
+    app = make_app(llm=llm, plugins=plugins)
+    await aiohttp_client(app)
+    conv = await run_turn(app, "choose a colour")
+    assert llm.offered[-1] == ["launch", "pick_colour"]
+    assert "turn tool 'launch' of plugin front left out" in caplog.text
+    turn = (await conv.store.open_turns(conv.id))[0]
+    assert [(w.call_id, w.kind, w.request) for w in turn.waits] == [
+        ("c1", "client_tool", {"toolName": "pick_colour", "argsJson": "{}"})
+    ]
+    assert asked == []  # the front end's call is the front end's: no gate holds it
+    await conv.resume_turn(turn.id, "c1", {"result": "blue", "isError": False})
+    await conv.wait_idle()
+    results = [m.payload for m in await conv.get_messages() if m.kind == "tool_result"]
+    assert [(r["callId"], r["text"], r["isError"]) for r in results] == [("c1", "blue", False)]
+    await conv.send([TextPart("thanks")])
+    await conv.wait_idle()
+    assert llm.offered[-1] == ["launch"]  # the next turn has none of its own
 
 
 def _tools(*tools):

@@ -111,8 +111,9 @@ async def test_a_waiting_turn_holds_no_task_and_goes_on_when_answered(make_agent
     assert not events.done()  # no End while it waits
     await conv.resume_turn(user.id, "c1", {"approve": True})
     got = await events
-    assert [e.type for e in got] == ["UserMessage", "ToolCall", "ToolResult", "StartResponse",
-                                     "AppendText", "End"]  # fmt: skip
+    assert [e.type for e in got] == ["UserMessage", "ToolCall", "Waiting", "ToolResult",
+                                     "StartResponse", "AppendText", "End"]  # fmt: skip
+    assert got[2].waits == (turn.waits[0].to_json(),)  # what it waited for, on the stream
     assert ran == ["launch moon"]
     assert await history(conv) == [
         ("user", "go"),

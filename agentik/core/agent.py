@@ -30,8 +30,8 @@ from agentik.core.plugins import call_each
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.runner import RESTART_ERROR
 from agentik.core.store import MemoryStore, Store
-from agentik.core.tools import ToolRegistry
-from agentik.core.turns import TurnRecord, TurnState, Wait
+from agentik.core.tools import TOOL_NAME, ToolRegistry, ToolSpec
+from agentik.core.turns import CLIENT_TOOL, TurnRecord, TurnState, Wait
 from agentik.core.types import AgentEvent, ConversationInfo, Event, InvalidInput, Message
 
 __all__ = ["ChatAgent", "ChatConversation", "ConversationClosed"]
@@ -516,6 +516,25 @@ class ChatAgent:
                     break
         return tuple(waits)
 
+    def turn_tools(self, conv: ChatConversation, turn: TurnRecord) -> tuple[ToolSpec, ...]:
+        """The tools the ``turn_tools`` hooks offer for this turn only (the first of a name;
+        none that the agent's own tools name, or that no model would take)."""
+        if self.hooks is None or not self.hooks.turn_tools.get_hookimpls():
+            return ()
+        offered: dict[str, ToolSpec] = {}
+        for plugin, specs in self._call_each("turn_tools", conv, turn=turn):
+            for spec in specs:
+                if spec.name in self.tools or not TOOL_NAME.match(spec.name):
+                    log.warning(
+                        "turn tool %r of plugin %s left out: the agent has a tool of that name, "
+                        "or the name is not a tool name",
+                        spec.name,
+                        plugin,
+                    )
+                    continue
+                offered.setdefault(spec.name, spec)
+        return tuple(offered.values())
+
     def tool_answer(
         self, conv: ChatConversation, call: ToolCallRequest, wait: Wait
     ) -> ToolCallRequest | tuple[str, bool]:
@@ -535,6 +554,8 @@ class ChatAgent:
             return answer, False
         if isinstance(answer, dict) and isinstance(answer.get("result"), str):
             return answer["result"], bool(answer.get("isError", False))
+        if wait.kind == CLIENT_TOOL:  # the agent cannot run it: the answer had to be its result
+            return "Error: the client gave no result for this call", True
         return call
 
     def after_turn(self, conv: ChatConversation, user_text: str, assistant_text: str) -> None:

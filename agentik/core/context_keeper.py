@@ -39,6 +39,7 @@ from agentik.core.types import Compacted, Message
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
     from agentik.core.progress import Progress
+    from agentik.core.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class ContextKeeper:
         self.builds = 0  # live LLM conversations built (tests and debugging)
         self.compactions = 0  # compactions of working memory since the chat was loaded
         self.holds_interrupted = False  # working memory holds a reply the user interrupted
+        #: the running turn's own tools (``turn_tools``), offered beside the agent's
+        self.turn_specs: tuple[ToolSpec, ...] = ()
         self._unverified: int | None = None  # the unscaled estimate of a context just built
         self._compacting = asyncio.Lock()
 
@@ -83,7 +86,7 @@ class ContextKeeper:
             rows = await conv.store.list_memory(conv.id)
             items = [r.item for r in rows]
             self.holds_interrupted = any(i.extra.get("interrupted") for i in items)
-            prompt, specs = self.model_prompt(), agent.tools.specs()
+            prompt, specs = self.model_prompt(), [*agent.tools.specs(), *self.turn_specs]
             self.llm = agent.llm.create_conversation(prompt, items, specs)
             self.prompt = prompt
             self._unverified = context_tokens(prompt, items, specs)  # the only full scan
@@ -91,6 +94,18 @@ class ContextKeeper:
             self.stale = False
             self.builds += 1
         return self.llm
+
+    @property
+    def turn_tool_names(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.turn_specs)
+
+    async def offer(self, specs: tuple[ToolSpec, ...]) -> None:
+        """Offer the model these tools of the turn's own beside the agent's; the live
+        conversation, made with other tools, is built again (backends take tools when a
+        conversation is made)."""
+        if specs != self.turn_specs:
+            self.turn_specs = specs
+            await self.reset()
 
     async def reset(self) -> None:
         """Drop the live conversation (its context may be inconsistent, or memory changed)."""

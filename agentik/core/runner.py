@@ -130,6 +130,7 @@ class TurnRunner:
     # --- starting and resuming --------------------------------------------------------------
 
     async def _start(self, turn: Progress) -> list[LLMInput]:
+        await self.conv.context.offer(self.conv.agent.turn_tools(self.conv, turn.record))
         await self.conv.context.prepare()
         images = user_images(turn.record.user)
         extra = {"images": [p.to_json() for p in images]} if images else {}
@@ -142,6 +143,7 @@ class TurnRunner:
         """Take up a turn from what it recorded: its steps' text, its calls without results.
         The live context is rebuilt from working memory, which holds them."""
         await self.conv.context.reset()
+        await self.conv.context.offer(self.conv.agent.turn_tools(self.conv, turn.record))
         open_calls: dict[str, tuple[ToolCallRequest, str]] = {}
         for row in await self.conv.store.list_memory(self.conv.id):
             item = row.item

@@ -82,6 +82,8 @@ class ScriptedLLM(LLMBackend):
         self.conversations: list[ScriptedConversation] = []
         self.closed = 0
         self.prompts: list[str] = []
+        #: the names of the tools each conversation was made with, in order
+        self.offered: list[list[str]] = []
 
     def default(self, inputs: Sequence[LLMInput]) -> Step:
         last = inputs[-1] if inputs else UserInput("")
@@ -92,6 +94,7 @@ class ScriptedLLM(LLMBackend):
         self, system_prompt: str, history: Sequence[HistoryItem], tools: Sequence[ToolSpec]
     ) -> LLMConversation:
         self.prompts.append(system_prompt)
+        self.offered.append([t.name for t in tools])
         conv = ScriptedConversation(self, history)
         self.conversations.append(conv)
         return conv

@@ -11,8 +11,8 @@ from agentik.core.approvals import APPROVAL
 from agentik.core.llm import HistoryItem, LLMInput, ToolCallRequest, ToolResultInput
 from agentik.core.progress import Progress
 from agentik.core.records import new_id, utcnow
-from agentik.core.turns import TurnState
-from agentik.core.types import ApprovalRequested, Message, ToolCall, ToolResult
+from agentik.core.turns import CLIENT_TOOL, TurnState, Wait
+from agentik.core.types import ApprovalRequested, Message, ToolCall, ToolResult, Waiting
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
@@ -52,7 +52,7 @@ class ToolSteps:
                     extra={"recordId": record_id},
                 )
             )
-        waits = self.conv.agent.tool_gates(self.conv, calls)
+        waits = self._holds(calls)
         asked = [w for w in waits if w.kind == APPROVAL]
         records += [approvals.request_record(self.conv.id, w) for w in asked]
         update = turn.move(TurnState.WAITING if waits else TurnState.RUNNING, waits)
@@ -66,6 +66,22 @@ class ToolSteps:
             )
             self.conv.emit(event)
             self.conv.agent.announce(event)
+        if waits:  # the turn's last event until they are answered
+            self.conv.emit(Waiting(turn.id, tuple(w.to_json() for w in waits)))
+
+    def _holds(self, calls: list[ToolCallRequest]) -> tuple[Wait, ...]:
+        """The waits of a step's calls: a call to one of the turn's own tools (``turn_tools``)
+        waits for whoever offered it to run it (no gate is asked: it is theirs to run); the
+        others as the ``tool_call_gate`` hooks say."""
+        offered = self.conv.context.turn_tool_names
+        held = {
+            c.call_id: Wait(c.call_id, CLIENT_TOOL, {"toolName": c.name, "argsJson": c.args_json})
+            for c in calls
+            if c.name in offered
+        }
+        rest = [c for c in calls if c.call_id not in held]
+        held |= {w.call_id: w for w in self.conv.agent.tool_gates(self.conv, rest)}
+        return tuple(held[c.call_id] for c in calls if c.call_id in held)
 
     async def run(self, turn: Progress) -> list[LLMInput]:
         """Run the recorded calls without results, in order, each result recorded when it

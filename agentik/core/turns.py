@@ -61,6 +61,11 @@ def check_move(old: TurnState, new: TurnState) -> None:
         raise TurnStateError(f"a turn cannot go from {old} to {new}")
 
 
+#: the kind of the wait of a call to a tool the turn was offered by a ``turn_tools`` hook: the
+#: agent does not run it, whoever offered it does and answers with its result
+CLIENT_TOOL = "client_tool"
+
+
 @dataclass(frozen=True, slots=True)
 class Wait:
     """What a waiting step needs from outside, one per tool call it holds: ``kind`` names who

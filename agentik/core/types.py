@@ -488,6 +488,21 @@ class ApprovalRequested(Event):
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Waiting(Event):
+    """The turn waits for answers from outside (its state is ``waiting``): what each held
+    call of its step waits for, as ``Wait.to_json()`` gives it (``callId``, ``kind``,
+    ``request``). Nothing more of the turn comes until they are answered; a transport that
+    answers a request with the turn (AG-UI) ends its answer here."""
+
+    turn_id: str = ""
+    waits: tuple[JSON, ...] = ()
+    type: ClassVar[str] = "Waiting"
+
+    def to_json(self) -> JSON:
+        return {"type": "Waiting", "turnId": self.turn_id, "waits": list(self.waits)}
+
+
 # --- history messages (F1) ----------------------------------------------------------------
 
 MessageKind: TypeAlias = Literal[
@@ -574,6 +589,7 @@ _EVENT_READERS: dict[str, Any] = {
     "ApprovalRequested": lambda d: ApprovalRequested(
         d["callId"], d["toolName"], d["argsJson"], d["conversationId"], d["turnId"]
     ),
+    "Waiting": lambda d: Waiting(d["turnId"], tuple(d["waits"])),
     "UserMessage": lambda d: UserMessage.of(
         Message(d["id"], d["conversationId"], "user", datetime.fromisoformat(d["createdAt"]), d)
     ),

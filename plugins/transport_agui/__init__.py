@@ -11,10 +11,15 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentik import hookimpl
 from agentik.core.settings import Setting, Settings, parse_url_path
+from agentik.core.tools import ToolSpec
+
+if TYPE_CHECKING:
+    from agentik.core.conversation import ChatConversation
+    from agentik.core.turns import TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,18 @@ def setup(app: Any, agent: Any, settings: Settings) -> None:
         return await run(request, agent)
 
     app.router.add_post(settings[PATH], handler)
+
+
+@hookimpl
+def turn_tools(conversation: ChatConversation, turn: TurnRecord) -> list[ToolSpec] | None:
+    """The front end's own tools (``RunAgentInput.tools``) of a turn an AG-UI run started:
+    kept in its user message's metadata (under ``agui``, translate.META), so a turn taken up
+    after a restart has them too."""
+    meta = (turn.user.payload.get("context") or {}).get("metadata") or {}
+    tools = (meta.get("agui") or {}).get("tools")
+    if not tools:
+        return None
+    return [ToolSpec(t["name"], t["description"], t["parameters"]) for t in tools]
 
 
 @hookimpl

@@ -14,6 +14,7 @@ from ag_ui.core import (
     AssistantMessage,
     BaseEvent,
     FunctionCall,
+    Interrupt,
     Message,
     ReasoningEndEvent,
     ReasoningMessageContentEvent,
@@ -23,6 +24,8 @@ from ag_ui.core import (
     RunErrorEvent,
     RunFinishedCancelledOutcome,
     RunFinishedEvent,
+    RunFinishedInterruptOutcome,
+    RunFinishedSuccessOutcome,
     TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
@@ -36,6 +39,8 @@ from ag_ui.core import (
 )
 
 from agentik.core import types as ev
+from agentik.core.approvals import APPROVAL
+from agentik.core.turns import CLIENT_TOOL, Wait
 
 #: the key under a user record's ``context.metadata`` where this endpoint keeps what it needs
 #: to show the message back to an AG-UI client (its own message id, the context parts it added)
@@ -114,6 +119,11 @@ class RunTranslator:
                     role="tool",
                 ),
             ]
+        if isinstance(event, ev.Waiting):
+            # the turn waits for answers: the run ends here, and a later run answers them
+            waits = tuple(Wait.from_json(w) for w in event.waits)
+            self.ended = True
+            return [*self._close(), self.waiting(waits)]
         if isinstance(event, ev.Interrupted):
             self.interrupted = True
         elif isinstance(event, ev.Error):
@@ -171,9 +181,53 @@ class RunTranslator:
             out.append(self.finished(cancelled=self.interrupted))
         return out
 
+    def waiting(self, waits: tuple[Wait, ...]) -> RunFinishedEvent:
+        """How a run ends on a waiting turn: with the ``interrupt`` outcome when it asks
+        something (an approval: one interrupt per held call, its id the call's), else — calls
+        of the client's own tools only — as a success naming them (``pendingToolCallIds``):
+        the two ways AG-UI 1.0 gives a run to stop for outside input."""
+        open_ = [w for w in waits if not w.answered]
+        interrupts = [interrupt(w) for w in open_ if w.kind != CLIENT_TOOL]
+        outcome: Any
+        if interrupts:
+            outcome = RunFinishedInterruptOutcome(interrupts=interrupts)
+        else:
+            pending = [w.call_id for w in open_]
+            outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=pending or None)
+        return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome)
+
     def finished(self, cancelled: bool = False) -> RunFinishedEvent:
         outcome = RunFinishedCancelledOutcome() if cancelled else None
         return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome)
+
+
+#: what a resume entry's ``payload`` answers an approval interrupt with (the approvals API's
+#: answer; ``status: "cancelled"`` denies)
+APPROVAL_ANSWER = {
+    "type": "object",
+    "properties": {
+        "approve": {"type": "boolean"},
+        "note": {"type": "string"},
+        "args": {"type": "object", "description": "other arguments to run the call with"},
+    },
+    "required": ["approve"],
+}
+
+
+def interrupt(wait: Wait) -> Interrupt:
+    """The AG-UI interrupt of a wait: an approval is ``reason: "tool_approval"`` with its
+    tool call; a wait of another plugin's kind keeps its kind as the reason."""
+    name = wait.request.get("toolName")
+    if wait.kind == APPROVAL:
+        return Interrupt(
+            id=wait.call_id,
+            reason="tool_approval",
+            message=f"Run {name} with {wait.request.get('argsJson') or '{}'}?",
+            tool_call_id=wait.call_id,
+            response_schema=APPROVAL_ANSWER,
+            metadata={"toolName": name, "argsJson": wait.request.get("argsJson")},
+        )
+    return Interrupt(id=wait.call_id, reason=wait.kind, tool_call_id=wait.call_id)
 
 
 def client_id(record: ev.Message) -> str:
