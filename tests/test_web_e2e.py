@@ -680,6 +680,7 @@ def test_a_call_waiting_for_approval_is_denied_with_a_note(page: Page, live: Ser
         {"tool_calls": [["memory_delete", {"id": "note-1"}]]},
         {"text": "I left it alone."},
     )
+    page.errors()  # the browser's log holds what earlier tests left: read from here on
     page.load()
     cid = page.new_chat()
     page.type("forget note-1")
@@ -716,6 +717,7 @@ def test_an_approval_waiting_before_the_page_opened_is_edited_and_approved(
     while not live.api("GET", f"/conversations/{cid}/approvals")["items"]:
         assert time.monotonic() < deadline, "the call never waited"
         time.sleep(0.05)
+    page.errors()  # the browser's log holds what earlier tests left: read from here on
     page.load(path=f"/#{cid}")  # the request comes from the history, not from an event
     tool = page.until(lambda: page.all(".tool.waiting") and page.find(".tool.waiting"))
     tool.find_element("css selector", "button.edit").click()

@@ -37,6 +37,7 @@ from agentik.core.types import (
     ToolCall,
     UnknownReference,
     Via,
+    Waiting,
     check_image_url,
 )
 from agentik_transport_a2a import approvals
@@ -519,6 +520,8 @@ class A2AService:
                             self._ask(run, pending)
                             await self.store.save(task)  # a restart finds what it asked
                     continue
+                if isinstance(event, Waiting):
+                    continue  # the step's last event when it waits: what it asked stands
                 if task.status.state == S.TASK_STATE_INPUT_REQUIRED:
                     self._work(run)  # answered (here, over HTTP, or by the timeout): on it goes
                     await self.store.save_state(task)
