@@ -95,7 +95,13 @@ async def open_agent(db_path: str, llm: LoopLLM, **env: str) -> tuple[Any, Any, 
     import agentik_tools_mcp
 
     pm = test_plugins([("b13_tools", CountTool()), ("agentik_tools_mcp", agentik_tools_mcp)])
-    settings = load_settings(pm, {"AGENTIK_DB_PATH": db_path, "AGENTIK_MCP_CONFIG": "off", **env})
+    # the "1 100" script's 100 rounds: past issue 23's default limit of 20, which ends the turn
+    base = {
+        "AGENTIK_DB_PATH": db_path,
+        "AGENTIK_MCP_CONFIG": "off",
+        "AGENTIK_MAX_TOOL_ROUNDS": "1000",
+    }
+    settings = load_settings(pm, {**base, **env})
     agent = build_agent(pm, settings, llm)
     await agent.open()
     return agent, settings, pm

@@ -177,7 +177,8 @@ class ContextKeeper:
                 async for chunk in reply:
                     streamed = True
                     if isinstance(chunk, TextDelta):
-                        weight += text_weight(chunk.text)
+                        text = chunk.text  # per token: text_weight's ASCII case inlined
+                        weight += len(text) if text.isascii() else text_weight(text)
                     elif isinstance(chunk, ToolCallRequest):
                         weight += len(chunk.name) + text_weight(chunk.args_json)
                     elif isinstance(chunk, Usage):

@@ -24,13 +24,14 @@ class Progress:
     """What one turn has done so far: for its next step, and the interrupt and error paths."""
 
     __slots__ = (
-        "called_tools", "calls", "compactions", "cut", "ended", "estimated", "first_input",
+        "called_tools", "calls", "compactions", "cut", "ended", "estimated", "first_input", "id",
         "last_total", "llm_text", "memory", "record", "sends", "sent_estimate", "state",
         "step_start", "steps", "text", "truncated", "usage_known", "waits",
     )  # fmt: skip
 
     def __init__(self, record: TurnRecord, cut: bool = False) -> None:
         self.record = record
+        self.id = record.id  # read per streamed event (the running turn's id): a plain slot
         # taken up after a crash: its first call without a result may have started
         self.cut = cut
         self.state = record.state
@@ -55,10 +56,6 @@ class Progress:
         self.usage_known = True
         self.sent_estimate: int | None = None
         self.compactions = 0  # of working memory while the turn ran (set by the runner)
-
-    @property
-    def id(self) -> str:
-        return self.record.id
 
     def move(self, state: TurnState, waits: tuple[Wait, ...] = ()) -> TurnUpdate:
         check_move(self.state, state)

@@ -193,19 +193,20 @@ class TurnRunner:
         started = reasoning = False
         usage: Usage | None = None
         first, turn.sends = turn.sends == 0 and turn.state is TurnState.QUEUED, turn.sends + 1
+        emit = self.conv.emit  # per token: no _emit frame
         async for chunk in self.conv.context.stream(turn, inputs, first, tools):
             if isinstance(chunk, TextDelta):
                 if not started:
                     started = True
-                    self._emit(StartResponse())
+                    emit(StartResponse())
                 step_text.append(chunk.text)
                 turn.text.append(chunk.text)
-                self._emit(AppendText(chunk.text))
+                emit(AppendText(chunk.text))
             elif isinstance(chunk, ReasoningDelta):
                 if not reasoning:
                     reasoning = True
-                    self._emit(StartReasoning())
-                self._emit(AppendText(chunk.text, reasoning=True))
+                    emit(StartReasoning())
+                emit(AppendText(chunk.text, reasoning=True))
             elif isinstance(chunk, ToolCallRequest):
                 calls.append(chunk)
             elif isinstance(chunk, Usage):

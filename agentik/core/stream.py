@@ -35,7 +35,8 @@ class ConversationEvents:
 
     def emit(self, event: Event) -> None:
         """Publish an event of the running turn to every reader."""
-        self.log.publish(event, self.running_turn)
+        turn = self.runner.turn  # running_turn inlined: this runs for every streamed token
+        self.log.publish(event, turn.id if turn is not None else None)
 
     def events(self, after: int | None = None) -> AsyncGenerator[Event, None]:
         """The live events themselves (``StartResponse``, ``AppendText``…, ``End``) after the
