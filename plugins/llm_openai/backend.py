@@ -247,7 +247,7 @@ class OpenAIConversation(LLMConversation):
                         if data == b"[DONE]":
                             finish = finish or "stop"
                             break
-                        chunk = json.loads(data)
+                        chunk = json.loads(data.decode())  # bytes: json sniffs the encoding
                         if "error" in chunk:
                             raise backend.stream_error(_error_text(chunk))
                         for choice in chunk.get("choices") or ():
