@@ -4,6 +4,7 @@ servers (and, in each, between the kinds of turn).
 
     python bench/tools/ab_server.py --base HEAD~1 a2a     # B20: A2A streamed turn vs own SSE turn
     python bench/tools/ab_server.py --base HEAD~1 turn    # B4's 200-chunk streamed turn, + raw floor
+    python bench/tools/ab_server.py --base HEAD~1 long    # turn 300 vs turn 10 of one conversation
 
 The ref's tree is exported (``git archive``) to a temporary folder and its packages put first
 on the base server's ``PYTHONPATH`` (``agentik`` and every ``plugins/*`` as ``agentik_*``), so
@@ -62,6 +63,27 @@ async def sse_window(c: TurnClient, proc: common.Proc, text: str) -> float:
     return m.ns / TURNS / 1e3
 
 
+async def long_conversations(servers: dict[str, common.Proc], turns: int) -> dict[str, Any]:
+    """One conversation per server, ``turns`` turns each, turn by turn in alternation: server
+    CPU of each turn. Messages of ~600 characters both ways (the issue's 360 kB at turn 300)."""
+    text = common.spec_text(20, chars=600) + " " + common.reply_text(0, chars=560)
+    cpu: dict[str, list[float]] = {side: [] for side in servers}
+    async with common.session() as s:
+        clients = {side: TurnClient(p.port, s) for side, p in servers.items()}
+        cids = {side: await c.new_conversation() for side, c in clients.items()}
+        for i in range(turns):
+            for side in list(servers)[i % 2 :] + list(servers)[: i % 2]:
+                with common.CpuMeter(servers[side].pid) as m:
+                    await clients[side].turn(text, cids[side])
+                cpu[side].append(m.ns / 1e3)
+    out: dict[str, Any] = {}
+    for side, values in cpu.items():
+        early = stats(values[5:16])["median"]
+        late = stats(values[-11:])["median"]
+        out[side] = {"turn_10_us": early, f"turn_{turns}_us": late, "ratio": late / early}
+    return out
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="ab-server-"))
     path = export(args.base, tmp)
@@ -73,6 +95,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         servers["new"] = common.start_agentik(fake.port)
         servers["base"] = common.start_agentik(fake.port, PYTHONPATH=path)
+        if args.mode == "long":
+            return {
+                "base": args.base,
+                "mode": "long",
+                "server_cpu": await long_conversations(servers, args.turns),
+            }
         if args.mode == "turn":
             up = f"http://{common.HOST}:{fake.port}/v1"
             db = str(common.tmpdir() / "ab-floor.db")
@@ -113,7 +141,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("a2a", "turn"))
+    parser.add_argument("mode", choices=("a2a", "turn", "long"))
+    parser.add_argument("--turns", type=int, default=300, help="long: turns per conversation")
     parser.add_argument("--base", default="HEAD~1")
     parser.add_argument("--reps", type=int, default=5)
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))

@@ -154,6 +154,44 @@ class OpenAIBackend(LLMBackend):
         )
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class EncodedMessages:
+    """The JSON of a chat's ``messages``, each message encoded once. A request at turn 300
+    carries ~600 messages (~360 kB) that only grow at the end until a compaction starts a new
+    conversation (the system prompt at the front aside): a request re-encodes only the
+    messages it has not seen (told apart by identity: they are never changed in place)."""
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self._json: list[str] = []
+
+    def join(self, messages: Sequence[Message]) -> str:
+        """``messages`` as the items of a JSON array, as ``json.dumps`` writes them."""
+        seen, parts = self._messages, self._json
+        for i, message in enumerate(messages):
+            if i == len(seen):
+                seen.append(message)
+                parts.append(_dumps(message))
+            elif seen[i] is not message:
+                seen[i] = message
+                parts[i] = _dumps(message)
+        del seen[len(messages) :], parts[len(messages) :]
+        return ",".join(parts)
+
+
+def encode_request(request: dict[str, Any], messages: str) -> bytes:
+    """``json.dumps(request)`` with ``separators=(",", ":")``, its ``messages`` given already
+    encoded (:meth:`EncodedMessages.join`): the same bytes."""
+    fields = [
+        f'"messages":[{messages}]' if key == "messages" else f"{_dumps(key)}:{_dumps(value)}"
+        for key, value in request.items()
+    ]
+    return ("{" + ",".join(fields) + "}").encode()
+
+
 class OpenAIConversation(LLMConversation):
     """Holds the OpenAI ``messages`` of one chat; a reply is appended only once it completed."""
 
@@ -166,6 +204,7 @@ class OpenAIConversation(LLMConversation):
     ) -> None:
         self.backend = backend
         self.messages = messages
+        self._encoded = EncodedMessages()
         #: the summaries that opened working memory, kept after the system prompt (see
         #: agentik.core.llm.fold_summaries)
         self.summaries = summaries
@@ -209,7 +248,8 @@ class OpenAIConversation(LLMConversation):
     ) -> AsyncIterator[LLMChunk]:
         backend = self.backend
         new = [input_message(i) for i in inputs]
-        request: dict[str, Any] = {"model": backend.model, "messages": self.messages + new}
+        messages = self.messages + new
+        request: dict[str, Any] = {"model": backend.model, "messages": messages}
         if backend.max_tokens is not None:
             request["max_tokens"] = backend.max_tokens
         if tools:  # "auto" is OpenAI's default; llama-cpp-python renders no tools without it
@@ -218,6 +258,7 @@ class OpenAIConversation(LLMConversation):
         if not whole:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
+        body = encode_request(request, self._encoded.join(messages))
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage: Usage | None = None
@@ -226,7 +267,7 @@ class OpenAIConversation(LLMConversation):
         reasoning_chars = 0  # for a usage estimate
         try:
             if whole:
-                response = await backend.client.complete(request)
+                response = await backend.client.complete(body)
                 choice = response["choices"][0]
                 message = choice["message"]
                 reasoning = message.get("reasoning_content") or message.get("reasoning")
@@ -242,7 +283,7 @@ class OpenAIConversation(LLMConversation):
                 finish = choice.get("finish_reason") or "stop"
                 usage = _usage(response.get("usage"))
             else:
-                async with aclosing(backend.client.stream(request)) as lines:
+                async with aclosing(backend.client.stream(body)) as lines:
                     async for data in lines:
                         if data == b"[DONE]":
                             finish = finish or "stop"
