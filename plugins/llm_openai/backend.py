@@ -161,35 +161,41 @@ def _dumps(value: Any) -> str:
 class EncodedMessages:
     """The JSON of a chat's ``messages``, each message encoded once. A request at turn 300
     carries ~600 messages (~360 kB) that only grow at the end until a compaction starts a new
-    conversation (the system prompt at the front aside): a request re-encodes only the
-    messages it has not seen (told apart by identity: they are never changed in place)."""
+    conversation (the system prompt at the front aside): a request encodes only the messages
+    it has not seen (told apart by identity: they are never changed in place), and the body is
+    copied once, by one ``join``."""
 
     def __init__(self) -> None:
         self._messages: list[Message] = []
-        self._json: list[str] = []
+        self._json: list[bytes] = []  # each message's JSON after a comma
 
-    def join(self, messages: Sequence[Message]) -> str:
-        """``messages`` as the items of a JSON array, as ``json.dumps`` writes them."""
+    def parts(self, messages: Sequence[Message]) -> list[bytes]:
+        """``messages`` as the items of a JSON array: pieces to join with no separator."""
         seen, parts = self._messages, self._json
         for i, message in enumerate(messages):
             if i == len(seen):
                 seen.append(message)
-                parts.append(_dumps(message))
+                parts.append(b"," + _dumps(message).encode())
             elif seen[i] is not message:
                 seen[i] = message
-                parts[i] = _dumps(message)
+                parts[i] = b"," + _dumps(message).encode()
         del seen[len(messages) :], parts[len(messages) :]
-        return ",".join(parts)
+        return [parts[0][1:], *parts[1:]] if parts else []
 
 
-def encode_request(request: dict[str, Any], messages: str) -> bytes:
-    """``json.dumps(request)`` with ``separators=(",", ":")``, its ``messages`` given already
-    encoded (:meth:`EncodedMessages.join`): the same bytes."""
-    fields = [
-        f'"messages":[{messages}]' if key == "messages" else f"{_dumps(key)}:{_dumps(value)}"
-        for key, value in request.items()
-    ]
-    return ("{" + ",".join(fields) + "}").encode()
+def encode_request(request: dict[str, Any], messages: EncodedMessages) -> bytes:
+    """``json.dumps(request, separators=(",", ":")).encode()``, its ``messages`` from their
+    cache: the same bytes."""
+    pieces = [b"{"]
+    for key, value in request.items():
+        if len(pieces) > 1:
+            pieces.append(b",")
+        if key == "messages":
+            pieces += [b'"messages":[', *messages.parts(value), b"]"]
+        else:
+            pieces.append(f"{_dumps(key)}:{_dumps(value)}".encode())
+    pieces.append(b"}")
+    return b"".join(pieces)
 
 
 class OpenAIConversation(LLMConversation):
@@ -258,7 +264,7 @@ class OpenAIConversation(LLMConversation):
         if not whole:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
-        body = encode_request(request, self._encoded.join(messages))
+        body = encode_request(request, self._encoded)
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage: Usage | None = None
