@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import configparser
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -50,6 +51,12 @@ def export(ref: str, tmp: Path) -> str:
     for line in cfg["options"]["package_dir"].strip().splitlines():
         name, _, folder = (p.strip() for p in line.partition("="))
         (pkgs / name).symlink_to(tree / folder)
+    # a plugin installed here that the ref does not have yet: an empty package, so its entry
+    # point loads nothing rather than this tree's code on the ref's core
+    for ep in importlib.metadata.entry_points(group="agentik"):
+        if not (pkgs / ep.value).exists():
+            (pkgs / ep.value).mkdir()
+            (pkgs / ep.value / "__init__.py").write_text("")
     return str(pkgs)
 
 
