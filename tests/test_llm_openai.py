@@ -1335,6 +1335,7 @@ def test_a_request_encoded_from_its_cached_messages_is_what_json_dumps_writes():
     """The messages of a chat are encoded once each (a long chat re-encodes only what is new);
     the bytes sent stay those of ``json.dumps`` as the chat grows, its system prompt changes
     and a compaction starts it over."""
+
     def dumped(request):
         return json.dumps(request, separators=(",", ":")).encode()
 

@@ -256,9 +256,7 @@ async def main():
 
 asyncio.run(main())
 """
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))
-    } | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))} | {
         "HOME": str(tmp_path),
         "AGENTIK_DB_PATH": str(tmp_path / "a.db"),
         "AGENTIK_MEMORY_DIR": str(tmp_path / "memory"),
@@ -798,7 +796,6 @@ def test_an_undeclared_agentik_variable_gets_one_warning_with_the_closest_name(s
             "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
             "OPENAI_API_KEY": "k",
             "OPENAI_MODEL": "m",
-        "OPENAI_API_KEY": "sk-test",
             "AGENTIK_SYSTEM_PROMT": "You are Ada.",  # a typo
             "AGENTIK_RETIRED_FEATURE": "1",  # no loaded plugin reads it
             "OPENAI_CONTEXT_WINDOWS": "8000",  # a typo of the other namespace

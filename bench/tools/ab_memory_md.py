@@ -25,23 +25,26 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import b11_memory as b11  # noqa: E402
-from aiohttp.test_utils import TestServer  # noqa: E402
-from common import ROOT, stats  # noqa: E402
+import b11_memory as b11
+from aiohttp.test_utils import TestServer
+from common import ROOT, stats
 
-import agentik_memory  # noqa: E402
-import agentik_memory_md  # noqa: E402
-from agentik.core.app import AGENT  # noqa: E402
-from agentik.core.memory import CATEGORIES  # noqa: E402
-from agentik.core.testing import ScriptedLLM, make_app  # noqa: E402
-from agentik.hookspecs import hookimpl  # noqa: E402
-from agentik_memory_md.backend import MdMemory  # noqa: E402
+import agentik_memory
+import agentik_memory_md
+from agentik.core.app import AGENT
+from agentik.core.memory import CATEGORIES
+from agentik.core.testing import ScriptedLLM, make_app
+from agentik.hookspecs import hookimpl
+from agentik_memory_md.backend import MdMemory
 
 
 def base_backend(ref: str, tmp: Path) -> type:
     source = subprocess.run(
         ["git", "show", f"{ref}:plugins/memory_md/backend.py"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     path = tmp / "backend_base.py"
     path.write_text(source)
@@ -144,7 +147,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "turns": args.turns,
         "hits": args.hits,
         "ttft_ms": {k: stats(v)["median"] for k, v in times.items()},
-        "search_us": {k: v["median"] for k, v in (await searches(tmp, args.notes, base.cls, 3)).items()},
+        "search_us": {
+            k: v["median"] for k, v in (await searches(tmp, args.notes, base.cls, 3)).items()
+        },
     }
     t = result["ttft_ms"]
     result["added_over_off_ms"] = {
@@ -165,7 +170,9 @@ if __name__ == "__main__":
     parser.add_argument("--notes", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument(
-        "--hits", action=argparse.BooleanOptionalAction, default=True,
+        "--hits",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="each message is a note's text, so notes are given and their uses counted",
     )
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))

@@ -3,7 +3,7 @@ run: server CPU per turn (every thread, /proc schedstat), windows alternating be
 servers (and, in each, between the kinds of turn).
 
     python bench/tools/ab_server.py --base HEAD~1 a2a     # B20: A2A streamed turn vs own SSE turn
-    python bench/tools/ab_server.py --base HEAD~1 turn    # B4's 200-chunk streamed turn, + raw floor
+    python bench/tools/ab_server.py --base HEAD~1 turn    # B4's 200-chunk turn, and the raw floor
     python bench/tools/ab_server.py --base HEAD~1 long    # turn 300 vs turn 10 of one conversation
 
 The ref's tree is exported (``git archive``) to a temporary folder and its packages put first
@@ -27,9 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import b20_a2a as b20  # noqa: E402
-import common  # noqa: E402
-from common import ROOT, TurnClient, stats  # noqa: E402
+import b20_a2a as b20
+import common
+from common import ROOT, TurnClient, stats
 
 CHUNKS = 200
 TURNS = 20

@@ -203,9 +203,7 @@ class OpenAIClient:
                 if line.startswith(b"data:"):  # not blank separators, comments, event names
                     yield line[5:].strip()
 
-    async def complete(
-        self, body: dict[str, Any] | bytes, *, retry_timeouts: bool = True
-    ) -> Any:
+    async def complete(self, body: dict[str, Any] | bytes, *, retry_timeouts: bool = True) -> Any:
         """POST ``body`` (not streamed) and return its decoded JSON."""
         async with self.post(body, retry_timeouts=retry_timeouts) as resp:
             raw = await resp.read()

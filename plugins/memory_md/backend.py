@@ -96,8 +96,9 @@ def with_usage(note: Note, usage: Usage | None) -> Note:
     if usage is None:
         return note
     last = usage.last_used if note.last_used is None else max(note.last_used, usage.last_used)
-    return Note(note.id, note.category, note.text, note.source, note.created, last,
-                note.uses + usage.uses)
+    return Note(
+        note.id, note.category, note.text, note.source, note.created, last, note.uses + usage.uses
+    )
 
 
 @dataclass

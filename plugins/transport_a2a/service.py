@@ -389,9 +389,9 @@ class A2AService:
         after = ""
         if request.HasField("status_timestamp_after"):
             after = request.status_timestamp_after.ToDatetime(tzinfo=UTC).isoformat()
-        live = {i: r.task.status.state for i, r in self.runs.items()}
+        states = {i: r.task.status.state for i, r in self.runs.items()}
         tasks, total = await self.store.page(
-            request.context_id, request.status, after, offset, size, live
+            request.context_id, request.status, after, offset, size, states
         )
         response = pb.ListTasksResponse(page_size=size, total_size=total)
         if offset + len(tasks) < total:

@@ -209,9 +209,7 @@ class TaskStore:
             live = live or {}
             now = [i for i, s in live.items() if s == state]
             moved = [i for i, s in live.items() if s != state]
-            query = query.where(
-                ((m.state == _state(state)) & m.id.not_in(moved)) | m.id.in_(now)
-            )
+            query = query.where(((m.state == _state(state)) & m.id.not_in(moved)) | m.id.in_(now))
         if updated_after:
             query = query.where(m.updated_at >= updated_after)
 

@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from json.encoder import encode_basestring as _string  # JSON string, ensure_ascii=False
 import time
 from collections.abc import AsyncIterator
 from email.utils import formatdate
+from json.encoder import encode_basestring as _string  # JSON string, ensure_ascii=False
 
 from aiohttp import web
 
