@@ -461,9 +461,10 @@ class MdMemory(MemoryBackend):
 
     async def mark_used(self, note_ids: Sequence[str]) -> None:
         """Count a use in memory and in the index's ``usage`` table: one small write, the files
-        stay as they are (they get the count at their next rewrite)."""
-        self._sync()
+        stay as they are (they get the count at their next rewrite). No look at the files:
+        a note edited away meanwhile keeps a count nothing reads (dropped at the next start)."""
         now = datetime.now(UTC).replace(microsecond=0)
+        when = notefile.iso(now)
         rows = []
         for note_id in dict.fromkeys(note_ids):
             note = self._notes.get(note_id)
@@ -472,7 +473,7 @@ class MdMemory(MemoryBackend):
             before = self._usage.get(note_id)
             self._usage[note_id] = Usage((before.uses if before else 0) + 1, now)
             self._notes[note_id] = notefile.touched(note, now)
-            rows.append((note_id, self._usage[note_id].uses, notefile.iso(now)))
+            rows.append((note_id, self._usage[note_id].uses, when))
         if rows:
             db = self._db_()
             db.executemany("INSERT OR REPLACE INTO usage VALUES (?, ?, ?)", rows)
