@@ -423,44 +423,41 @@ class A2AService:
         interrupted = ended = lost = False
         earlier: list[dict[str, str]] = []  # statuses kept in memory: stored with the end
         try:
-            # in batches: what came while this task was busy, without a generator per event
-            async for batch in conv.turn_batches(run.turn_id, after):
-                for item in batch:
-                    event = item.event
-                    if isinstance(event, Gap):
-                        lost = True  # fell behind the replay buffer: the text comes from the log
-                        continue
-                    if not run.started:
-                        run.started = True
-                        if run.cancel_requested:
-                            conv.interrupt()
-                        elif task.status.state == S.TASK_STATE_SUBMITTED:
-                            task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
-                            run.publish(Update("status_update", self._status_event(task)))
-                            # in memory and the stream until the task ends (a restart settles it
-                            # from the audit log); ListTasks sees it through self.runs
-                            earlier.append(status_row(task))
-                    if isinstance(event, AppendText):
-                        if not event.reasoning:
-                            run.add_text(event.text)
-                    elif isinstance(event, ToolCall):
-                        doing = f"calling {event.tool_name}"
-                        progress = _now_status(S.TASK_STATE_WORKING, doing, task)
-                        progress.message.metadata["toolCall"] = {
-                            "callId": event.call_id,
-                            "name": event.tool_name,
-                            "arguments": event.args_json,
-                        }
-                        if not run.cancel_requested:
-                            task.status.CopyFrom(progress)
-                            run.publish(Update("status_update", self._status_event(task)))
-                    elif isinstance(event, Error):
-                        error = event.message
-                    elif isinstance(event, Interrupted):
-                        interrupted = True
-                    elif isinstance(event, End):
-                        ended = run.turn_over = True
-                        run.end_text()
+            async for item in conv.turn_events(run.turn_id, after):
+                event = item.event
+                if isinstance(event, Gap):
+                    lost = True  # fell behind the replay buffer: the text comes from the log
+                    continue
+                if not run.started:
+                    run.started = True
+                    if run.cancel_requested:
+                        conv.interrupt()
+                    elif task.status.state == S.TASK_STATE_SUBMITTED:
+                        task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
+                        run.publish(Update("status_update", self._status_event(task)))
+                        # in memory and the stream until the task ends (a restart settles it
+                        # from the audit log); ListTasks sees it through self.runs
+                        earlier.append(status_row(task))
+                if isinstance(event, AppendText):
+                    if not event.reasoning:
+                        run.add_text(event.text)
+                elif isinstance(event, ToolCall):
+                    progress = _now_status(S.TASK_STATE_WORKING, f"calling {event.tool_name}", task)
+                    progress.message.metadata["toolCall"] = {
+                        "callId": event.call_id,
+                        "name": event.tool_name,
+                        "arguments": event.args_json,
+                    }
+                    if not run.cancel_requested:
+                        task.status.CopyFrom(progress)
+                        run.publish(Update("status_update", self._status_event(task)))
+                elif isinstance(event, Error):
+                    error = event.message
+                elif isinstance(event, Interrupted):
+                    interrupted = True
+                elif isinstance(event, End):
+                    ended = run.turn_over = True
+                    run.end_text()
             end = None if ended and not lost else await self.store.turn_end(run.turn_id)
             if end is not None:
                 self._settle_from_record(task, *end, cancel=run.cancel_requested)
