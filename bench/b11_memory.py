@@ -148,9 +148,10 @@ async def start_app(tmp: Path, memory: int | None) -> tuple[TestServer, Any]:
     return server, app[AGENT]
 
 
-async def first_token_ms(agent: Any, conv: Any, text: str) -> tuple[float, float]:
+async def first_token_ms(agent: Any, conv: Any, text: str) -> tuple[float, float, float]:
     """(wall, process CPU) from send to StartResponse, in ms; then wait until the turn and its
-    background jobs end."""
+    background jobs end: the third is the process CPU of the whole turn, jobs included (every
+    thread's: the uses bump's file writes ran on one)."""
     events = conv.events()
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0)
@@ -162,22 +163,25 @@ async def first_token_ms(agent: Any, conv: Any, text: str) -> tuple[float, float
     await events.aclose()
     await conv.wait_idle()
     await agent.jobs.wait_idle()  # the uses bump runs in the background, not in TTFT
-    return took
+    return (*took, (time.process_time() - c0) * 1e3)
 
 
 async def ttft(tmp: Path, notes: int, n: int) -> dict[str, dict[str, float]]:
     """TTFT (wall and CPU) with memory on (``notes`` notes) and off, alternating turns."""
     apps = [await start_app(tmp, notes), await start_app(tmp, None)]
     convs = [await agent.create_conversation() for _, agent in apps]
-    times: dict[str, list[float]] = {"on": [], "off": [], "on_cpu": [], "off_cpu": []}
+    times: dict[str, list[float]] = {
+        f"{side}{kind}": [] for side in ("on", "off") for kind in ("", "_cpu", "_turn")
+    }
     try:
         for i in range(n + 5):
             text = sentence(8, common=False)
             for side, (_, agent), conv in zip(("on", "off"), apps, convs, strict=True):
-                wall, cpu = await first_token_ms(agent, conv, text)
+                wall, cpu, turn = await first_token_ms(agent, conv, text)
                 if i >= 5:
                     times[side].append(wall)
                     times[f"{side}_cpu"].append(cpu)
+                    times[f"{side}_turn"].append(turn)
     finally:
         for server, _ in apps:
             await server.close()
@@ -206,12 +210,16 @@ async def main(args: Any) -> dict[str, Any]:
             )
         )
     for n, t in ttfts.items():
-        for kind, unit in (("", "wall"), ("_cpu", "process CPU")):
+        for kind, what in (
+            ("", "TTFT in process (wall)"),
+            ("_cpu", "TTFT in process (process CPU)"),
+            ("_turn", "CPU per turn in process, background jobs included"),
+        ):
             on, off = t[f"on{kind}"], t[f"off{kind}"]
             added = on["median"] - off["median"]
             rows.append(
                 row(
-                    f"TTFT in process ({unit}), memory on ({n:,} notes) vs off",
+                    f"{what}, memory on ({n:,} notes) vs off",
                     on,
                     off,
                     unit="ms",

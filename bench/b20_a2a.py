@@ -112,8 +112,8 @@ async def main(args: Any) -> dict[str, Any]:
         "conversation (A2A: one context) that had one turn before it",
         "reference: a2a-sdk DefaultRequestHandler + InMemoryTaskStore + JSON-RPC routes on "
         "Starlette/uvicorn, an executor relaying the fake's deltas with TaskUpdater.add_artifact",
-        "agentik's A2A turn also writes its task durably (insert, WORKING, final) in SQLite; "
-        "the reference keeps tasks in memory",
+        "agentik's A2A turn also writes its task in SQLite (committed at accept, durably at "
+        "the end with its status history); the reference keeps tasks in memory",
     ]
     return {"id": "B20", "title": "A2A streamed turn", "rows": rows, "notes": notes}
 

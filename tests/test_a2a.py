@@ -452,6 +452,11 @@ async def test_cancel_a_running_task_and_subscribe(aiohttp_client, tmp_path):
         if got.get("status", {}).get("state") == "TASK_STATE_WORKING":
             break
         await asyncio.sleep(0.01)
+    # WORKING is kept in memory until the end; ListTasks filters on what the task is now
+    working = (await rpc(client, "ListTasks", {"status": "TASK_STATE_WORKING"}))["result"]
+    assert [t["id"] for t in working["tasks"]] == [task["id"]] and working["totalSize"] == 1
+    submitted = (await rpc(client, "ListTasks", {"status": "TASK_STATE_SUBMITTED"}))["result"]
+    assert submitted.get("totalSize", 0) == 0
     canceled = (await rpc(client, "CancelTask", {"id": task["id"]}))["result"]
     assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
     events = [e["result"] for e in await asyncio.wait_for(reading, 10)]

@@ -44,7 +44,14 @@ from agentik.core.store import MemoryStore, TokenStats
 from agentik.core.tools import ToolRegistry, ToolSpec, tool
 from agentik.core.types import MAX_IMAGE_BYTES, End, Error, ImagePart, InvalidInput, TextPart
 from agentik_llm_openai import client as client_module
-from agentik_llm_openai.backend import NO_RESULT, OpenAIBackend, _add_fragment, history_messages
+from agentik_llm_openai.backend import (
+    NO_RESULT,
+    EncodedMessages,
+    OpenAIBackend,
+    _add_fragment,
+    encode_request,
+    history_messages,
+)
 from agentik_llm_openai.client import retry_delay
 from tests.conftest import collect_turn
 from tests.fake_openai import FakeOpenAI, Quirks, Reply
@@ -1322,3 +1329,25 @@ async def test_set_system_prompt_swaps_the_first_message_and_keeps_the_summaries
     ]
     assert await bare.set_system_prompt("")
     assert bare.messages == [{"role": "user", "content": "hi"}]
+
+
+def test_a_request_encoded_from_its_cached_messages_is_what_json_dumps_writes():
+    """The messages of a chat are encoded once each (a long chat re-encodes only what is new);
+    the bytes sent stay those of ``json.dumps`` as the chat grows, its system prompt changes
+    and a compaction starts it over."""
+
+    def dumped(request):
+        return json.dumps(request, separators=(",", ":")).encode()
+
+    cache = EncodedMessages()
+    messages = [{"role": "system", "content": "Tu es «utile».\u2028"}]
+    for turn in range(4):
+        messages = [*messages, {"role": "user", "content": [{"type": "text", "text": f"q{turn}"}]}]
+        request = {"model": "m", "messages": messages, "stream": True, "tools": [{"x": turn}]}
+        assert encode_request(request, cache) == dumped(request)
+        messages = [*messages, {"role": "assistant", "content": f"a{turn} 😀"}]
+        if turn == 1:  # a new system prompt replaces the first message
+            messages[0] = {"role": "system", "content": "another prompt"}
+    messages = [{"role": "system", "content": "summary"}, messages[-1]]  # compacted
+    request = {"model": "m", "messages": messages}
+    assert encode_request(request, cache) == dumped(request)

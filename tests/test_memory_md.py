@@ -261,4 +261,51 @@ async def test_concurrent_writers_lose_nothing(memory, tmp_path):
     await asyncio.gather(m.mark_used([n.id for n in saved[:10]]), m.delete(saved[-1].id))
     on_disk = [n for c in categories for n in notes_in(tmp_path / "mem" / f"{c}.md")]
     assert sorted(n.text for n in on_disk) == sorted(f"fact number {i}" for i in range(59))
-    assert sum(n.uses for n in on_disk) == 10
+    assert sum([(await m.get(n.id)).uses for n in on_disk]) == 10
+    # uses counted while a save writes the file are neither lost nor counted twice
+    await asyncio.gather(
+        *(m.save(c, f"one more {c}", "USER") for c in categories), m.mark_used([saved[0].id])
+    )
+    assert (await m.get(saved[0].id)).uses == 2
+    for c in categories:  # every file rewritten since: it says the uses
+        await m.save(c, f"and another {c}", "USER")
+    on_disk = [n for c in categories for n in notes_in(tmp_path / "mem" / f"{c}.md")]
+    assert sum(n.uses for n in on_disk) == 11
+
+
+async def test_uses_wait_in_the_index_until_the_file_changes(memory, tmp_path):
+    m = await memory()
+    note = await m.save("user", "The user lives in Berlin.", "USER")
+    path = tmp_path / "mem" / "user.md"
+    before = path.read_bytes()
+    await m.mark_used([note.id])
+    await m.mark_used([note.id, note.id, "no-such-note"])
+    assert path.read_bytes() == before  # a use does not rewrite the file
+    used = await m.get(note.id)
+    assert used.uses == 2 and used.last_used is not None
+    assert [n.uses for n in await m.list("user")] == [2]
+    assert (await m.search("Berlin", 5))[0].uses == 2
+    await m.close()
+    m = await memory()  # kept across a restart
+    assert (await m.get(note.id)).uses == 2
+    # a hand edit is seen on the next search, and keeps the uses that wait
+    path.write_text(path.read_text().replace("Berlin", "Lisbon"))
+    later(path)
+    found = (await m.search("Lisbon", 5))[0]
+    assert (found.text, found.uses) == ("The user lives in Lisbon.", 2)
+    # the next write of the file says them; the index no longer holds them
+    await m.save("user", "The user has a cat.", "USER")
+    assert [n.uses for n in notes_in(path)] == [2, 0]
+    assert notes_in(path)[0].last_used == used.last_used
+    assert (await m.get(note.id)).uses == 2
+    with sqlite3.connect(tmp_path / "mem" / md.INDEX) as db:
+        assert db.execute("SELECT count(*) FROM usage").fetchone() == (0,)
+    # uses of a note deleted by hand are forgotten at the next start
+    await m.mark_used([note.id])
+    path.write_text(path.read_text().split("§", 2)[0] + "§" + path.read_text().split("§", 2)[2])
+    later(path)
+    await m.close()
+    m = await memory()
+    assert await m.get(note.id) is None
+    with sqlite3.connect(tmp_path / "mem" / md.INDEX) as db:
+        assert db.execute("SELECT count(*) FROM usage").fetchone() == (0,)

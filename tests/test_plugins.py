@@ -217,13 +217,56 @@ def test_builtin_plugins_import_no_heavy_module():
         " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip,"
         " agentik_transport_mcp_server, agentik_transport_openai;"
         "from agentik.core.plugins import make_plugins; make_plugins();"
-        "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'mcp', 'litert_lm',"
-        " 'onnxruntime', 'sentencepiece', 'numpy', 'hnswlib', 'a2a', 'ag_ui',"
+        "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'pydantic_core', 'mcp',"
+        " 'litert_lm', 'onnxruntime', 'sentencepiece', 'numpy', 'hnswlib', 'a2a', 'ag_ui',"
         " 'huggingface_hub', 'google.protobuf')"
         " if m in sys.modules];"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+HEAVY = (
+    "openai", "httpx", "pydantic", "pydantic_core", "mcp", "litert_lm", "onnxruntime",
+    "sentencepiece", "numpy", "hnswlib", "a2a", "ag_ui", "huggingface_hub", "google.protobuf",
+)  # fmt: skip
+
+
+def test_a_bare_server_started_and_serving_loads_no_heavy_module(tmp_path):
+    """``agentik serve``'s app with every installed plugin and the default settings, started
+    (its services run) and asked for its pages: none of them maps a heavy module (idle RSS)."""
+    code = f"""
+import asyncio, sys
+from aiohttp.test_utils import TestClient, TestServer
+from agentik.core.cli import _bootstrap
+from agentik.core.app import create_app
+
+async def main():
+    plugins, settings = _bootstrap()
+    client = TestClient(TestServer(create_app(settings, plugins)))
+    await client.start_server()
+    for path in ("/health", "/agentik/conversations", "/a2a/.well-known/agent-card.json", "/"):
+        async with client.get(path) as r:
+            assert r.status < 500, (path, r.status)
+    await client.close()
+    heavy = [m for m in {HEAVY!r} if m in sys.modules]
+    print(heavy)
+    sys.exit(1 if heavy else 0)
+
+asyncio.run(main())
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIK_", "OPENAI_"))} | {
+        "HOME": str(tmp_path),
+        "AGENTIK_DB_PATH": str(tmp_path / "a.db"),
+        "AGENTIK_MEMORY_DIR": str(tmp_path / "memory"),
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_MODEL": "m",
+        "OPENAI_API_KEY": "sk-test",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -154,6 +154,50 @@ class OpenAIBackend(LLMBackend):
         )
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class EncodedMessages:
+    """The JSON of a chat's ``messages``, each message encoded once. A request at turn 300
+    carries ~600 messages (~360 kB) that only grow at the end until a compaction starts a new
+    conversation (the system prompt at the front aside): a request encodes only the messages
+    it has not seen (told apart by identity: they are never changed in place), and the body is
+    copied once, by one ``join``."""
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self._json: list[bytes] = []  # each message's JSON after a comma
+
+    def parts(self, messages: Sequence[Message]) -> list[bytes]:
+        """``messages`` as the items of a JSON array: pieces to join with no separator."""
+        seen, parts = self._messages, self._json
+        for i, message in enumerate(messages):
+            if i == len(seen):
+                seen.append(message)
+                parts.append(b"," + _dumps(message).encode())
+            elif seen[i] is not message:
+                seen[i] = message
+                parts[i] = b"," + _dumps(message).encode()
+        del seen[len(messages) :], parts[len(messages) :]
+        return [parts[0][1:], *parts[1:]] if parts else []
+
+
+def encode_request(request: dict[str, Any], messages: EncodedMessages) -> bytes:
+    """``json.dumps(request, separators=(",", ":")).encode()``, its ``messages`` from their
+    cache: the same bytes."""
+    pieces = [b"{"]
+    for key, value in request.items():
+        if len(pieces) > 1:
+            pieces.append(b",")
+        if key == "messages":
+            pieces += [b'"messages":[', *messages.parts(value), b"]"]
+        else:
+            pieces.append(f"{_dumps(key)}:{_dumps(value)}".encode())
+    pieces.append(b"}")
+    return b"".join(pieces)
+
+
 class OpenAIConversation(LLMConversation):
     """Holds the OpenAI ``messages`` of one chat; a reply is appended only once it completed."""
 
@@ -166,6 +210,7 @@ class OpenAIConversation(LLMConversation):
     ) -> None:
         self.backend = backend
         self.messages = messages
+        self._encoded = EncodedMessages()
         #: the summaries that opened working memory, kept after the system prompt (see
         #: agentik.core.llm.fold_summaries)
         self.summaries = summaries
@@ -209,7 +254,8 @@ class OpenAIConversation(LLMConversation):
     ) -> AsyncIterator[LLMChunk]:
         backend = self.backend
         new = [input_message(i) for i in inputs]
-        request: dict[str, Any] = {"model": backend.model, "messages": self.messages + new}
+        messages = self.messages + new
+        request: dict[str, Any] = {"model": backend.model, "messages": messages}
         if backend.max_tokens is not None:
             request["max_tokens"] = backend.max_tokens
         if tools:  # "auto" is OpenAI's default; llama-cpp-python renders no tools without it
@@ -218,6 +264,7 @@ class OpenAIConversation(LLMConversation):
         if not whole:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
+        body = encode_request(request, self._encoded)
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage: Usage | None = None
@@ -226,7 +273,7 @@ class OpenAIConversation(LLMConversation):
         reasoning_chars = 0  # for a usage estimate
         try:
             if whole:
-                response = await backend.client.complete(request)
+                response = await backend.client.complete(body)
                 choice = response["choices"][0]
                 message = choice["message"]
                 reasoning = message.get("reasoning_content") or message.get("reasoning")
@@ -242,12 +289,12 @@ class OpenAIConversation(LLMConversation):
                 finish = choice.get("finish_reason") or "stop"
                 usage = _usage(response.get("usage"))
             else:
-                async with aclosing(backend.client.stream(request)) as lines:
+                async with aclosing(backend.client.stream(body)) as lines:
                     async for data in lines:
                         if data == b"[DONE]":
                             finish = finish or "stop"
                             break
-                        chunk = json.loads(data)
+                        chunk = json.loads(data.decode())  # bytes: json sniffs the encoding
                         if "error" in chunk:
                             raise backend.stream_error(_error_text(chunk))
                         for choice in chunk.get("choices") or ():

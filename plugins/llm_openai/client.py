@@ -139,13 +139,13 @@ class OpenAIClient:
 
     @asynccontextmanager
     async def post(
-        self, body: dict[str, Any], *, retry_timeouts: bool = True
+        self, body: dict[str, Any] | bytes, *, retry_timeouts: bool = True
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST ``body`` and hold the 2xx response open (closing it on exit, also on
         cancellation); retries and maps every failure before that to an :class:`LLMError`.
         ``retry_timeouts=False``: a request that timed out is not sent again (a server still
-        busy with it would only queue the copy behind it)."""
-        data = json.dumps(body, separators=(",", ":")).encode()
+        busy with it would only queue the copy behind it). ``body``: a dict, or its JSON."""
+        data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
         session = self.session  # made (and the proxy read) on first use
         retry = 0
         while True:
@@ -195,7 +195,7 @@ class OpenAIClient:
             log.warning("the reply from %s broke off: %s: %s", self.base_url, type(e).__name__, e)
             raise LLMError(STREAM_CUT, "connection") from e
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream(self, body: dict[str, Any] | bytes) -> AsyncIterator[bytes]:
         """POST ``body`` and yield the payload of each SSE ``data:`` line (``b"[DONE]"``
         included). Close the generator (``contextlib.aclosing``) to close the response."""
         async with self.post(body) as resp:
@@ -203,7 +203,7 @@ class OpenAIClient:
                 if line.startswith(b"data:"):  # not blank separators, comments, event names
                     yield line[5:].strip()
 
-    async def complete(self, body: dict[str, Any], *, retry_timeouts: bool = True) -> Any:
+    async def complete(self, body: dict[str, Any] | bytes, *, retry_timeouts: bool = True) -> Any:
         """POST ``body`` (not streamed) and return its decoded JSON."""
         async with self.post(body, retry_timeouts=retry_timeouts) as resp:
             raw = await resp.read()

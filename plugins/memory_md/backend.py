@@ -6,6 +6,11 @@ it and it is rebuilt). Every operation first compares each file's size, mtime an
 what it last read, so a note edited, added or deleted by hand is seen by the next search; an
 unchanged file costs one ``stat``. Writes rewrite the whole file into a temporary file and
 rename it over the old one (never torn by a crash), one writer per file at a time.
+
+Usage counters (``uses``, ``last_used``) change after every turn that was given notes: the
+uses counted since the file last said them wait in the index's ``usage`` table (one small
+write, no file rewrite), and are written into the file the next time it is rewritten for a
+change of its notes. A note's ``uses`` is what its header says plus what waits.
 """
 
 from __future__ import annotations
@@ -78,6 +83,24 @@ def without(chunks: list[Chunk], drop: Callable[[Note], bool]) -> Edit | None:
     return Edit(kept, removed=[c.note for c in chunks if c.note is not None and drop(c.note)])
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Uses of a note counted since its file last said them, and the latest one."""
+
+    uses: int
+    last_used: datetime
+
+
+def with_usage(note: Note, usage: Usage | None) -> Note:
+    """``note`` as its file says it, plus the uses that wait in the index."""
+    if usage is None:
+        return note
+    last = usage.last_used if note.last_used is None else max(note.last_used, usage.last_used)
+    return Note(
+        note.id, note.category, note.text, note.source, note.created, last, note.uses + usage.uses
+    )
+
+
 @dataclass
 class NoteFile:
     category: str
@@ -101,6 +124,7 @@ class MdMemory(MemoryBackend):
         self._rowid: dict[str, int] = {}  # note id -> FTS rowid
         self._by_rowid: dict[int, str] = {}
         self._next_rowid = 1
+        self._usage: dict[str, Usage] = {}  # note id -> uses not in its file yet
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -112,6 +136,10 @@ class MdMemory(MemoryBackend):
                 f"AGENTIK_MEMORY_DIR={str(self.folder)!r}: cannot create it: {e}"
             ) from e
         self._db = self._open_index()
+        self._usage = {
+            note_id: Usage(uses, notefile.parse_time(when))
+            for note_id, uses, when in self._db.execute("SELECT id, uses, last_used FROM usage")
+        }
         known = dict(self._db.execute("SELECT category, signature FROM files").fetchall())
         rows = self._db.execute("SELECT rowid, id FROM notes").fetchall()
         self._next_rowid = max((r for r, _ in rows), default=0) + 1
@@ -123,13 +151,17 @@ class MdMemory(MemoryBackend):
             if known.get(f.category) == repr(f.signature) and ids <= indexed.keys():
                 for note in self._file_notes(f):  # the index holds this very file already
                     self._map(note.id, indexed[note.id])
-                    self._notes[note.id] = note
+                    self._notes[note.id] = with_usage(note, self._usage.get(note.id))
             else:
                 self._reindex(f, drop=[indexed[i] for i in ids if i in indexed])
                 rebuilt = True
         # rows of notes that are gone (a file replaced while the index was stale)
         stale = [(r,) for r, i in rows if i not in self._rowid]
         self._db.executemany("DELETE FROM notes WHERE rowid = ?", stale)
+        gone = [(i,) for i in self._usage if i not in self._notes]  # deleted by hand
+        self._db.executemany("DELETE FROM usage WHERE id = ?", gone)
+        for (note_id,) in gone:
+            del self._usage[note_id]
         self._db.commit()
         if rebuilt:
             self._reopen()
@@ -157,6 +189,10 @@ class MdMemory(MemoryBackend):
                 db.execute(
                     "CREATE VIRTUAL TABLE IF NOT EXISTS notes USING fts5("
                     "text, id UNINDEXED, tokenize = 'unicode61 remove_diacritics 2')"
+                )
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS usage ("
+                    "id TEXT PRIMARY KEY, uses INTEGER NOT NULL, last_used TEXT NOT NULL)"
                 )
                 db.execute("SELECT rowid, id FROM notes LIMIT 1").fetchall()
                 return db
@@ -274,7 +310,7 @@ class MdMemory(MemoryBackend):
             (rowid, terms.fold(note.text), note.id),
         )
         self._map(note.id, rowid)
-        self._notes[note.id] = note
+        self._notes[note.id] = with_usage(note, self._usage.get(note.id))
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -292,9 +328,10 @@ class MdMemory(MemoryBackend):
             if edit is None:
                 return 0
             if archive and edit.removed:
-                await asyncio.to_thread(self._append_archive, f, edit.removed, archive)
+                removed = [self._notes.get(n.id, n) for n in edit.removed]  # with their uses
+                await asyncio.to_thread(self._append_archive, f, removed, archive)
+            chunks, folded = self._fold_usage(edit.chunks)
             # rendering a big file takes milliseconds: off the event loop, with the write
-            chunks = edit.chunks
             f.signature = await asyncio.to_thread(
                 lambda: write_atomic(f.path, notefile.render(chunks))
             )
@@ -303,6 +340,9 @@ class MdMemory(MemoryBackend):
             for note in edit.removed:
                 db.execute("DELETE FROM notes WHERE rowid = ?", (self._rowid[note.id],))
                 self._unmap(note.id)
+                if self._usage.pop(note.id, None) is not None:
+                    db.execute("DELETE FROM usage WHERE id = ?", (note.id,))
+            self._written(folded)
             for note in edit.changed:
                 before = self._notes.get(note.id)
                 if before is None:
@@ -312,10 +352,40 @@ class MdMemory(MemoryBackend):
                         "UPDATE notes SET text = ? WHERE rowid = ?",
                         (terms.fold(note.text), self._rowid[note.id]),
                     )
-                self._notes[note.id] = note
+                self._notes[note.id] = with_usage(note, self._usage.get(note.id))
             self._remember_signature(f)
             db.commit()
             return len(edit.removed)
+
+    def _fold_usage(self, chunks: list[Chunk]) -> tuple[list[Chunk], dict[str, Usage]]:
+        """The chunks with the uses waiting in the index written into their headers, and what
+        was folded in (forgotten by :meth:`_written` once the file is on disk)."""
+        folded: dict[str, Usage] = {}
+        out = chunks
+        for n, c in enumerate(chunks):
+            usage = None if c.note is None else self._usage.get(c.note.id)
+            if c.note is not None and usage is not None:
+                if out is chunks:
+                    out = list(chunks)
+                out[n] = notefile.note_chunk(with_usage(c.note, usage), c.extra)
+                folded[c.note.id] = usage
+        return out, folded
+
+    def _written(self, folded: dict[str, Usage]) -> None:
+        """The file now says the ``folded`` uses: drop them from the index (keeping any use
+        counted while it was written)."""
+        db = self._db_()
+        for note_id, usage in folded.items():
+            now = self._usage.get(note_id)
+            if now is usage:
+                del self._usage[note_id]
+                db.execute("DELETE FROM usage WHERE id = ?", (note_id,))
+            elif now is not None:
+                left = self._usage[note_id] = Usage(now.uses - usage.uses, now.last_used)
+                db.execute(
+                    "INSERT OR REPLACE INTO usage VALUES (?, ?, ?)",
+                    (note_id, left.uses, notefile.iso(left.last_used)),
+                )
 
     @staticmethod
     def _append_archive(f: NoteFile, notes: list[Note], reason: str) -> None:
@@ -374,7 +444,8 @@ class MdMemory(MemoryBackend):
     async def list(self, category: str, offset: int = 0, limit: int = 50) -> list[Note]:
         self._sync()
         notes = self._file_notes(self.files[check_category(category)])
-        return notes[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+        page = notes[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+        return [self._notes.get(n.id, n) for n in page]
 
     async def delete(self, note_id: str, recoverable: bool = True) -> bool:
         self._sync()
@@ -389,27 +460,31 @@ class MdMemory(MemoryBackend):
         return await self._rewrite(self.files[note.category], change, reason) > 0
 
     async def mark_used(self, note_ids: Sequence[str]) -> None:
-        self._sync()
+        """Count a use in memory and in the index's ``usage`` table: one small write, the files
+        stay as they are (they get the count at their next rewrite). No look at the files:
+        a note edited away meanwhile keeps a count nothing reads (dropped at the next start)."""
         now = datetime.now(UTC).replace(microsecond=0)
-        wanted = {i for i in note_ids if i in self._notes}
-        for category in {self._notes[i].category for i in wanted}:
-
-            def change(chunks: list[Chunk]) -> Edit | None:
-                edit = Edit(list(chunks))
-                for n, c in enumerate(chunks):  # runs on the loop: keep it a tight scan
-                    if c.note is not None and c.note.id in wanted:
-                        note = notefile.touched(c.note, now)
-                        edit.chunks[n] = notefile.note_chunk(note, c.extra)
-                        edit.changed.append(note)
-                return edit if edit.changed else None
-
-            await self._rewrite(self.files[category], change)
+        when = notefile.iso(now)
+        rows = []
+        for note_id in dict.fromkeys(note_ids):
+            note = self._notes.get(note_id)
+            if note is None:
+                continue
+            before = self._usage.get(note_id)
+            self._usage[note_id] = Usage((before.uses if before else 0) + 1, now)
+            self._notes[note_id] = notefile.touched(note, now)
+            rows.append((note_id, self._usage[note_id].uses, when))
+        if rows:
+            db = self._db_()
+            db.executemany("INSERT OR REPLACE INTO usage VALUES (?, ?, ?)", rows)
+            db.commit()
 
     async def archive_stale(self, max_age: timedelta) -> int:
         self._sync()
         cutoff = datetime.now(UTC) - max_age
 
         def stale(n: Note) -> bool:
+            n = self._notes.get(n.id, n)  # with the uses that wait in the index
             return n.uses == 0 and (n.last_used or n.created) <= cutoff
 
         def change(chunks: list[Chunk]) -> Edit | None:

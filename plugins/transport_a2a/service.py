@@ -41,7 +41,7 @@ from agentik.core.types import (
     check_image_url,
 )
 from agentik_transport_a2a import approvals
-from agentik_transport_a2a.tasks import StoredTask, TaskStore
+from agentik_transport_a2a.tasks import StoredTask, TaskStore, status_row
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent, ChatConversation
@@ -466,8 +466,9 @@ class A2AService:
         after = ""
         if request.HasField("status_timestamp_after"):
             after = request.status_timestamp_after.ToDatetime(tzinfo=UTC).isoformat()
+        states = {i: r.task.status.state for i, r in self.runs.items()}
         tasks, total = await self.store.page(
-            request.context_id, request.status, after, offset, size
+            request.context_id, request.status, after, offset, size, states
         )
         response = pb.ListTasksResponse(page_size=size, total_size=total)
         if offset + len(tasks) < total:
@@ -497,6 +498,7 @@ class A2AService:
         task, conv = run.task, run.conv
         error: str | None = None
         interrupted = ended = lost = False
+        earlier: list[dict[str, str]] = []  # statuses kept in memory: stored with the end
         try:
             async for item in conv.turn_events(run.turn_id, after):
                 event = item.event
@@ -510,7 +512,9 @@ class A2AService:
                     elif task.status.state == S.TASK_STATE_SUBMITTED:
                         task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
                         run.publish(Update("status_update", self._status_event(task)))
-                        await self.store.save_state(task)  # ListTasks filters on it
+                        # in memory and the stream until the task ends or waits (a restart
+                        # settles it from the audit log); ListTasks sees it through self.runs
+                        earlier.append(status_row(task))
                 if isinstance(event, ApprovalRequested):
                     if event.call_id not in run.asked and not run.cancel_requested:
                         # every call of the step that waits, read once the turn waits for them
@@ -518,13 +522,14 @@ class A2AService:
                         pending = [p for p in pending if p.turn_id == run.turn_id]
                         if pending:
                             self._ask(run, pending)
-                            await self.store.save(task)  # a restart finds what it asked
+                            await self.store.save(task, earlier)  # a restart finds what it asked
+                            earlier.clear()
                     continue
                 if isinstance(event, Waiting):
                     continue  # the step's last event when it waits: what it asked stands
                 if task.status.state == S.TASK_STATE_INPUT_REQUIRED:
                     self._work(run)  # answered (here, over HTTP, or by the timeout): on it goes
-                    await self.store.save_state(task)
+                    await self.store.save(task)  # a restart does not ask again
                 if isinstance(event, AppendText):
                     if not event.reasoning:
                         run.add_text(event.text)
@@ -558,14 +563,14 @@ class A2AService:
                 self._settle(task, S.TASK_STATE_CANCELED, run.reply())
             else:
                 self._settle(task, S.TASK_STATE_COMPLETED, run.reply())
-            await self.store.save(task)
+            await self.store.save(task, earlier)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("a2a: following the turn of task %s failed", task.id)
             self._settle(task, S.TASK_STATE_FAILED, run.reply(), "internal error")
             with contextlib.suppress(Exception):
-                await self.store.save(task)
+                await self.store.save(task, earlier)
         finally:
             self.runs.pop(task.id, None)
             if task.status.state in TERMINAL:

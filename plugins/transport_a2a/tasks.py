@@ -7,6 +7,7 @@ imported at the first A2A call, or at start-up when a stop left tasks unfinished
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import peewee
@@ -80,7 +81,7 @@ def _dump(task: pb.Task) -> str:
     return json.dumps(MessageToDict(task), ensure_ascii=False, separators=(",", ":"))
 
 
-def _status_row(task: pb.Task) -> dict[str, str]:
+def status_row(task: pb.Task) -> dict[str, str]:
     from google.protobuf.json_format import MessageToDict
 
     return {
@@ -148,41 +149,33 @@ class TaskStore:
             "created_at": now,
             "updated_at": now,
         }
-        status = _status_row(task)
+        status = status_row(task)
 
         def write() -> None:
             self.model.insert(**row).execute()
             self.statuses.insert(**status).execute()
 
-        # on disk before its id reaches the client, like the message it answers
-        await self.db.write(write, durable=True)
+        # committed before its id reaches the client (safe against a crash), and not waiting
+        # for an fsync of its own: the message it answers is already on disk, and a task a
+        # power loss takes is settled again from it (a resent message finds its turn's task
+        # or gets a new one); the next durable write's fsync takes it to disk
+        await self.db.write(write)
 
-    async def save(self, task: pb.Task) -> None:
+    async def save(self, task: pb.Task, earlier: Sequence[dict[str, str]] = ()) -> None:
+        """Write the task (at an end: durably), after the ``earlier`` statuses it went through
+        in memory only (:func:`status_row`), into its status history."""
         m = self.model
         query = m.update(
             state=_state(task.status.state),
             task_json=_dump(task),
             updated_at=utcnow().isoformat(),
         ).where(m.id == task.id)
-        await self._write(query, task)
-
-    async def save_state(self, task: pb.Task) -> None:
-        """Only the state column (the row's task JSON is rewritten at the end): a running task's
-        live copy is served from memory, and lists filter on this column."""
-        m = self.model
-        query = m.update(state=_state(task.status.state), updated_at=utcnow().isoformat()).where(
-            m.id == task.id
-        )
-        await self._write(query, task)
-
-    async def _write(self, query: Any, task: pb.Task) -> None:
-        status = _status_row(task)
+        statuses = [*earlier, status_row(task)]
 
         def write() -> None:
             if query.execute():  # a task that was never stored has no history either
-                self.statuses.insert(**status).execute()
+                self.statuses.insert_many(statuses).execute()
 
-        # on disk before its id reaches the client, like the message it answers
         await self.db.write(write, durable=True)
 
     async def get(self, task_id: str) -> StoredTask | None:
@@ -203,14 +196,20 @@ class TaskStore:
         updated_after: str = "",
         offset: int = 0,
         limit: int = 50,
+        live: Mapping[str, int] | None = None,
     ) -> tuple[list[pb.Task], int]:
-        """Tasks most recently updated first, and how many match in all."""
+        """Tasks most recently updated first, and how many match in all. ``live``: the state
+        of running tasks by id, where it is newer than the stored one (``WORKING`` is kept in
+        memory only)."""
         m = self.model
         query = m.select()
         if context_id:
             query = query.where(m.context_id == context_id)
         if state:
-            query = query.where(m.state == _state(state))
+            live = live or {}
+            now = [i for i, s in live.items() if s == state]
+            moved = [i for i, s in live.items() if s != state]
+            query = query.where(((m.state == _state(state)) & m.id.not_in(moved)) | m.id.in_(now))
         if updated_after:
             query = query.where(m.updated_at >= updated_after)
 

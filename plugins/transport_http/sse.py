@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from email.utils import formatdate
+from json.encoder import encode_basestring as _string  # JSON string, ensure_ascii=False
 
 from aiohttp import web
 
 from agentik.core.events import StreamItem
 from agentik.core.streaming import LateStream
-from agentik.core.types import InvalidInput
+from agentik.core.types import AppendText, InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,21 @@ HEADERS = {
 }
 
 
+#: one encoder for every event (``json.dumps`` with options builds a new one per call)
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def encode(item: StreamItem) -> bytes:
     frame = item.memo.get("sse")
     if frame is None:
-        payload = item.event.to_json()
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        text = f"id: {item.seq}\nevent: {payload['type']}\ndata: {data}\n\n"
+        event = item.event
+        if type(event) is AppendText and not event.reasoning:
+            # nearly every frame: AppendText.to_json() as JSON, without the dict in between
+            kind, data = "AppendText", f'{{"type":"AppendText","text":{_string(event.text)}}}'
+        else:
+            payload = event.to_json()
+            kind, data = payload["type"], _dumps(payload)
+        text = f"id: {item.seq}\nevent: {kind}\ndata: {data}\n\n"
         # "replace": a model's broken surrogate pair must not kill every reader's stream
         frame = item.memo["sse"] = text.encode("utf-8", "replace")
     return frame  # type: ignore[no-any-return]
