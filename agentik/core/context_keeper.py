@@ -33,6 +33,18 @@ from agentik.core.llm import (
     Usage,
     usage_problem,
 )
+from agentik.core.llm import Truncated as TruncatedReply
+from agentik.core.observe import (
+    CHAT,
+    COMPACTION,
+    CONVERSATION_ID,
+    FINISH_REASON,
+    FIRST_TOKEN,
+    INPUT_TOKENS,
+    MODEL,
+    OUTPUT_TOKENS,
+    Span,
+)
 from agentik.core.records import new_id, utcnow
 from agentik.core.types import Compacted, Message
 
@@ -156,22 +168,33 @@ class ContextKeeper:
             if turn.sent_estimate is None:
                 turn.sent_estimate = (self.tokens or 0) + scale(new)
             unverified = None if self._unverified is None else self._unverified + new
-            weight, usage, streamed = 0, None, False
+            weight, usage, streamed, finish = 0, None, False, "stop"
             reply = llm.stream(inputs) if tools else llm.stream_without_tools(inputs)
+            observers = self.conv.agent.observers
+            span = self._chat_span() if observers else None
             try:
                 async for chunk in reply:
+                    if span is not None and not streamed:
+                        span.event(FIRST_TOKEN)
                     streamed = True
                     if isinstance(chunk, TextDelta):
                         weight += text_weight(chunk.text)
                     elif isinstance(chunk, ToolCallRequest):
                         weight += len(chunk.name) + text_weight(chunk.args_json)
+                        finish = "tool_calls"
+                    elif isinstance(chunk, TruncatedReply):
+                        finish = "length"
                     elif isinstance(chunk, Usage):
                         if (problem := usage_problem(chunk)) is not None:
                             self.bad_usage(problem)
                             continue  # left out: the step's counts are unknown
                         usage = chunk
                     yield chunk
-            except LLMError as e:
+            except BaseException as e:
+                if span is not None:
+                    span.end(getattr(e, "code", None) or type(e).__name__)
+                if not isinstance(e, LLMError):
+                    raise
                 # refused again after the compaction: the last turns alone are too long
                 again = retried and e.code in (CONTEXT_LENGTH, SILENT_REFUSAL)
                 if streamed or not (again or self._may_be_full(e, new)):
@@ -182,6 +205,8 @@ class ContextKeeper:
                 inputs = inputs if first else []
                 continue
             break
+        if span is not None:
+            span.end(None, **_usage_attributes(usage), **{FINISH_REASON: (finish,)})
         self._unverified = None
         if usage is not None and usage.input_tokens is not None and not usage.estimated:
             if unverified is not None:  # the whole context was estimated: learn from it
@@ -189,6 +214,12 @@ class ContextKeeper:
             self.tokens = usage.input_tokens + (usage.output_tokens or 0)
         elif self.tokens is not None:  # the engine's estimate, not the backend's guess
             self.tokens += scale(new + weight // 4 + MESSAGE_TOKENS)
+
+    def _chat_span(self) -> Span:
+        llm = self.conv.agent.llm
+        model = llm.model_name or llm.description or "unknown"
+        attributes = {CONVERSATION_ID: self.conv.id, MODEL: model}
+        return self.conv.agent.observers.start(CHAT, f"{CHAT} {model}", attributes)
 
     def _may_be_full(self, e: LLMError, new: int) -> bool:
         """Whether a failed send can be the context overflowing: the server said so, or it
@@ -243,6 +274,27 @@ class ContextKeeper:
         min_tokens: int = 0,
     ) -> Compaction | None:
         """See :meth:`ChatConversation.compact`."""
+        observers = self.conv.agent.observers
+        if not observers:
+            return await self._compact(summarize, keep_turns, min_tokens)
+        with observers.start(COMPACTION, COMPACTION, {CONVERSATION_ID: self.conv.id}) as span:
+            done = await self._compact(summarize, keep_turns, min_tokens)
+            if done is not None:
+                span.set(
+                    **{
+                        "agentik.compaction.dropped": done.dropped,
+                        "agentik.compaction.tokens_before": done.tokens_before,
+                        "agentik.compaction.tokens_after": done.tokens_after,
+                    }
+                )
+            return done
+
+    async def _compact(
+        self,
+        summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
+        keep_turns: int,
+        min_tokens: int,
+    ) -> Compaction | None:
         conv, agent = self.conv, self.conv.agent
         scale = agent.token_scale
         async with self._compacting:
@@ -275,3 +327,10 @@ class ContextKeeper:
             self.stale = True
             conv.emit(Compacted(record.id, before, after))
             return Compaction(record.id, summary.text, len(old), len(kept), before, after)
+
+
+def _usage_attributes(usage: Usage | None) -> dict[str, int]:
+    if usage is None:
+        return {}
+    counts = {INPUT_TOKENS: usage.input_tokens, OUTPUT_TOKENS: usage.output_tokens}
+    return {k: v for k, v in counts.items() if v is not None}
