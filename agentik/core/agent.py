@@ -476,8 +476,8 @@ class ChatAgent:
             if inspect.isawaitable(r)
         }
         if self.observers:
-            for i, task in tasks.items():
-                self._observe_before_turn(conv, results[i][0], task)
+            for i, work in tasks.items():
+                self._observe_before_turn(conv, results[i][0], work)
         late: set[asyncio.Future[Any]] = set()
         try:
             if tasks:

@@ -51,6 +51,7 @@ from agentik.core.types import Compacted, Message
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
     from agentik.core.progress import Progress
+    from agentik.core.store import MemoryRow
 
 log = logging.getLogger(__name__)
 
@@ -274,59 +275,65 @@ class ContextKeeper:
         min_tokens: int = 0,
     ) -> Compaction | None:
         """See :meth:`ChatConversation.compact`."""
-        observers = self.conv.agent.observers
-        if not observers:
-            return await self._compact(summarize, keep_turns, min_tokens)
-        with observers.start(COMPACTION, COMPACTION, {CONVERSATION_ID: self.conv.id}) as span:
-            done = await self._compact(summarize, keep_turns, min_tokens)
-            if done is not None:
-                span.set(
-                    **{
-                        "agentik.compaction.dropped": done.dropped,
-                        "agentik.compaction.tokens_before": done.tokens_before,
-                        "agentik.compaction.tokens_after": done.tokens_after,
-                    }
-                )
-            return done
-
-    async def _compact(
-        self,
-        summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
-        keep_turns: int,
-        min_tokens: int,
-    ) -> Compaction | None:
         conv, agent = self.conv, self.conv.agent
-        scale = agent.token_scale
         async with self._compacting:
             rows = await conv.store.list_memory(conv.id)
             cut = compaction_cut(rows, keep_turns, conv.running_turn)
             if cut is None:
                 return None
-            old = [r.item for r in rows[:cut]]
-            fresh = [i for i in old if i.role != "summary"]  # an earlier summary is no gain
-            if min_tokens and scale(sum(map(item_tokens, fresh))) < min_tokens:
+            fresh = [r.item for r in rows[:cut] if r.item.role != "summary"]  # no gain in those
+            if min_tokens and agent.token_scale(sum(map(item_tokens, fresh))) < min_tokens:
                 return None
-            try:
-                text = await summarize(old)
-            except Exception:
-                log.warning("the summary for compacting %s failed", conv.id, exc_info=True)
-                return None
-            if not text or not text.strip():
-                return None
-            prompt, specs = agent.system_prompt(), agent.tools.specs()
-            kept = [r.item for r in rows[cut:]]
-            summary = HistoryItem("summary", text.strip())
-            before = self.tokens
-            if before is None or self.stale:
-                before = scale(context_tokens(prompt, [r.item for r in rows], specs))
-            after = scale(context_tokens(prompt, [summary, *kept], specs))
-            record = Message(new_id("sum"), conv.id, "summary", utcnow(), {"text": summary.text})
-            drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
-            await conv.store.compact_memory(conv.id, drop_before, summary, record)
-            self.compactions += 1
-            self.stale = True
-            conv.emit(Compacted(record.id, before, after))
-            return Compaction(record.id, summary.text, len(old), len(kept), before, after)
+            if not agent.observers:
+                return await self._summarize(rows, cut, summarize)
+            # a span only for a compaction that calls the summary: the asks that find nothing
+            # to compact (every send) are not work
+            attributes = {CONVERSATION_ID: conv.id}
+            with agent.observers.start(COMPACTION, COMPACTION, attributes) as span:
+                done = await self._summarize(rows, cut, summarize)
+                if done is None:
+                    span.end("no_summary")
+                else:
+                    span.set(
+                        **{
+                            "agentik.compaction.dropped": done.dropped,
+                            "agentik.compaction.tokens_before": done.tokens_before,
+                            "agentik.compaction.tokens_after": done.tokens_after,
+                        }
+                    )
+                return done
+
+    async def _summarize(
+        self,
+        rows: list[MemoryRow],
+        cut: int,
+        summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
+    ) -> Compaction | None:
+        """Replace ``rows[:cut]`` by their summary (None: the summary failed, nothing changed)."""
+        conv, agent = self.conv, self.conv.agent
+        scale = agent.token_scale
+        old = [r.item for r in rows[:cut]]
+        try:
+            text = await summarize(old)
+        except Exception:
+            log.warning("the summary for compacting %s failed", conv.id, exc_info=True)
+            return None
+        if not text or not text.strip():
+            return None
+        prompt, specs = agent.system_prompt(), agent.tools.specs()
+        kept = [r.item for r in rows[cut:]]
+        summary = HistoryItem("summary", text.strip())
+        before = self.tokens
+        if before is None or self.stale:
+            before = scale(context_tokens(prompt, [r.item for r in rows], specs))
+        after = scale(context_tokens(prompt, [summary, *kept], specs))
+        record = Message(new_id("sum"), conv.id, "summary", utcnow(), {"text": summary.text})
+        drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
+        await conv.store.compact_memory(conv.id, drop_before, summary, record)
+        self.compactions += 1
+        self.stale = True
+        conv.emit(Compacted(record.id, before, after))
+        return Compaction(record.id, summary.text, len(old), len(kept), before, after)
 
 
 def _usage_attributes(usage: Usage | None) -> dict[str, int]:
