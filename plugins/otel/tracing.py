@@ -91,7 +91,7 @@ class Tracing(Observer):
     def start(self, span: Span) -> None:
         parent = span.parent.state.get(self) if span.parent is not None else None
         if parent is not None:
-            context = trace.set_span_in_context(parent)
+            context = trace.set_span_in_context(parent[0])
         elif span.kind == observe.TURN:
             carrier = self._parents.pop(span.attributes.get(observe.TURN_ID, ""), None)
             context = _propagator.extract(carrier) if carrier else None
@@ -108,29 +108,29 @@ class Tracing(Observer):
             kind=KINDS.get(span.kind, SpanKind.INTERNAL),
             attributes=attributes,
         )
-        span.state[self] = otel
+        span.state[self] = (otel, len(span.attributes))  # those it has now are set
         if span.kind == observe.TURN and (scope := observe.turn_scope.get()) is not None:
             scope.trace_id = format_trace_id(otel.get_span_context().trace_id)
 
     def event(self, span: Span, name: str, attributes: dict[str, Any]) -> None:
-        otel = span.state.get(self)
-        if otel is not None:
-            otel.add_event(name, self._attributes(attributes))
+        if self in span.state:
+            span.state[self][0].add_event(name, self._attributes(attributes))
 
     def end(self, span: Span) -> None:
-        otel = span.state.pop(self, None)
+        otel, known = span.state.pop(self, (None, 0))
         if otel is None:
             return
-        otel.set_attributes(self._attributes(span.attributes))
+        added = dict(list(span.attributes.items())[known:])  # set since it started
+        if added:
+            otel.set_attributes(self._attributes(added))
         if span.error is not None:
             otel.set_attribute("error.type", span.error)
             otel.set_status(Status(StatusCode.ERROR, span.error))
         otel.end()
 
     def inject(self, span: Span, headers: dict[str, str]) -> None:
-        otel = span.state.get(self)
-        if otel is not None:
-            _propagator.inject(headers, context=trace.set_span_in_context(otel))
+        if self in span.state:
+            _propagator.inject(headers, context=trace.set_span_in_context(span.state[self][0]))
 
     # --- helpers ----------------------------------------------------------------------------
 
