@@ -7,35 +7,15 @@ from __future__ import annotations
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentik import hookimpl
 from agentik.core.app import AGENT
 from agentik.core.testing import make_app, started_agent
-from agentik.core.tools import tool
 from agentik_llm_openai.backend import OpenAIBackend
 from tests.conftest import free_port
 from tests.fake_openai import FakeOpenAI, Reply
+from tests.sample_tools import Tools
 
 KEY = "metrics-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add."""
-    return a + b
-
-
-@tool
-def boom() -> str:
-    """Fail."""
-    raise RuntimeError("no")
-
-
-class Tools:
-    @hookimpl
-    def register_tools(self, register):
-        register(add)
-        register(boom)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

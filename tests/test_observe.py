@@ -12,7 +12,7 @@ from agentik.core.app import AGENT
 from agentik.core.llm import LLMError, ToolCallRequest, Usage
 from agentik.core.observe import Observer, Observers, Span
 from agentik.core.testing import ScriptedLLM, make_app, run_turn
-from agentik.core.tools import tool
+from tests.sample_tools import Tools
 
 
 class Recorder(Observer):
@@ -54,25 +54,6 @@ class Observing:
 
 def tree(spans: list[Span]) -> list[tuple[str, str | None]]:
     return [(s.name, s.parent.name if s.parent else None) for s in spans]
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add."""
-    return a + b
-
-
-@tool
-def boom() -> str:
-    """Fail."""
-    raise RuntimeError("no")
-
-
-class Tools:
-    @hookimpl
-    def register_tools(self, register):
-        register(add)
-        register(boom)
 
 
 async def test_a_turn_with_two_tool_calls_gives_a_span_tree(aiohttp_client):

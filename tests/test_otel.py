@@ -19,32 +19,13 @@ from agentik.core import observe
 from agentik.core.app import AGENT
 from agentik.core.llm import LLMError, ToolCallRequest, Usage
 from agentik.core.testing import ScriptedLLM, make_app, run_turn, started_agent
-from agentik.core.tools import tool
 from agentik_llm_openai.backend import OpenAIBackend
 from tests.fake_openai import FakeOpenAI, Reply
+from tests.sample_tools import Tools
 
 TRACES = ("agentik_transport_http", "agentik_otel")
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add."""
-    return a + b
-
-
-@tool
-def boom() -> str:
-    """Fail."""
-    raise RuntimeError("no")
-
-
-class Tools:
-    @hookimpl
-    def register_tools(self, register):
-        register(add)
-        register(boom)
 
 
 class Compactor:
