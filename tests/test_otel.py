@@ -9,6 +9,9 @@ import gzip
 
 import pytest
 from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -42,6 +45,7 @@ class Compactor:
 @pytest.fixture
 def no_export(monkeypatch):
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
 
 
@@ -198,6 +202,7 @@ async def test_off_by_default_and_on_with_the_otlp_endpoint(monkeypatch):
     assert not make_app(builtins=TRACES)[AGENT].observers
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     assert make_app(builtins=TRACES)[AGENT].observers
     assert not make_app(builtins=TRACES, env={"AGENTIK_OTEL": "0"})[AGENT].observers
 
@@ -216,8 +221,15 @@ async def test_a_real_otlp_http_export(monkeypatch):
         received.append(ExportTraceServiceRequest.FromString(body))
         return web.Response(body=b"", content_type="application/x-protobuf")
 
+    metrics: list[ExportMetricsServiceRequest] = []
+
+    async def metrics_in(request: web.Request) -> web.Response:
+        metrics.append(ExportMetricsServiceRequest.FromString(await request.read()))
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
     receiver = web.Application()
     receiver.router.add_post("/v1/traces", traces)
+    receiver.router.add_post("/v1/metrics", metrics_in)
     runner = web.AppRunner(receiver)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -225,6 +237,7 @@ async def test_a_real_otlp_http_export(monkeypatch):
     port = site._server.sockets[0].getsockname()[1]
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     llm = ScriptedLLM([ToolCallRequest("c1", "add", '{"a": 2, "b": 2}')], ["four"])
     try:
@@ -256,6 +269,25 @@ async def test_a_real_otlp_http_export(monkeypatch):
     attributes = {kv.key: kv.value for kv in root.attributes}
     assert attributes["gen_ai.conversation.id"].string_value == turn.conversation.id
     assert attributes["agentik.outcome"].string_value == "done"
+    # and the metrics, through the metrics exporter's last collection at shutdown
+    exported = {
+        m.name: m
+        for request in metrics
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert {"gen_ai.client.operation.duration", "agentik.turns", "agentik.tool_calls"} <= set(
+        exported
+    )
+    durations = exported["gen_ai.client.operation.duration"].histogram.data_points
+    operations = {
+        kv.value.string_value
+        for p in durations
+        for kv in p.attributes
+        if kv.key == "gen_ai.operation.name"
+    }
+    assert operations == {"invoke_agent", "chat", "execute_tool"}
 
 
 async def test_a_tool_call_to_an_mcp_server_carries_the_traceparent_in_meta(no_export):
@@ -291,3 +323,33 @@ async def test_a_tool_call_to_an_mcp_server_carries_the_traceparent_in_meta(no_e
     _, trace_id, span_id, _ = got["traceparent"].split("-")
     assert trace_id == format_trace_id(tool_span.context.trace_id)
     assert span_id == format_span_id(tool_span.context.span_id)
+
+
+async def test_the_genai_client_metrics(aiohttp_client, no_export):
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from agentik_otel.metrics import Metrics
+
+    llm = ScriptedLLM(
+        [ToolCallRequest("c1", "add", '{"a": 1, "b": 2}'), Usage(30, 3)],
+        ["three", Usage(40, 5)],
+    )
+    app = make_app(llm=llm, plugins=[("t", Tools())], builtins=TRACES, env={"AGENTIK_OTEL": "1"})
+    reader = InMemoryMetricReader()
+    app[AGENT].observers.add(Metrics.with_reader(reader))
+    await aiohttp_client(app)
+    await run_turn(app[AGENT], "add")
+    points = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    points.setdefault(m.name, []).append((dict(p.attributes), p))
+    usage = {a["gen_ai.token.type"]: p.sum for a, p in points["gen_ai.client.token.usage"]}
+    assert usage == {"input": 70, "output": 8}
+    ops = {
+        a["gen_ai.operation.name"]: p.count for a, p in points["gen_ai.client.operation.duration"]
+    }
+    assert ops == {"invoke_agent": 1, "chat": 2, "execute_tool": 1}
+    ((turn, count),) = [(a, p.value) for a, p in points["agentik.turns"]]
+    assert turn == {"agentik.outcome": "done", "agentik.transport": "in-process"} and count == 1

@@ -1,7 +1,9 @@
-"""OpenTelemetry traces (``AGENTIK_OTEL=1``, or on by itself when ``OTEL_EXPORTER_OTLP_ENDPOINT``
-or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set): a span per turn, model call, tool call,
-compaction, ``before_turn`` work and background model call, following the GenAI semantic
-conventions, exported over OTLP/HTTP as the standard ``OTEL_*`` variables say.
+"""OpenTelemetry traces and metrics (``AGENTIK_OTEL=1``, or on by itself when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set): a span per
+turn, model call, tool call,
+compaction, ``before_turn`` work and background model call, and the conventions' client
+metrics (``gen_ai.client.operation.duration``, ``gen_ai.client.token.usage``), following the
+GenAI semantic conventions, exported over OTLP/HTTP as the standard ``OTEL_*`` variables say.
 
 The ``traceparent`` of the request that sent a message becomes its turn's parent; the model
 requests of the ``openai`` backend carry the turn's. Message text is recorded only with
@@ -22,14 +24,16 @@ from agentik.core.settings import Setting, Settings
 from agentik.hookspecs import hookimpl
 
 STATE = "agentik_otel"  # agent.state: the plugin's Tracing
+METRICS = "agentik_otel_metrics"  # and its Metrics, unless OTEL_METRICS_EXPORTER=none
 ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 ENABLE = Setting(
     "AGENTIK_OTEL",
     None,
     cfg.parse_bool,
-    "1 exports OpenTelemetry traces over OTLP/HTTP (the standard `OTEL_*` variables say where; "
-    "default http://localhost:4318); unset: on when OTEL_EXPORTER_OTLP_ENDPOINT or "
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; 0: off.",
+    "1 exports OpenTelemetry traces and GenAI metrics over OTLP/HTTP (the standard `OTEL_*` "
+    "variables say where; default http://localhost:4318); unset: on when "
+    "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; 0: off. "
+    "See docs/observability.md.",
 )
 
 
@@ -47,10 +51,15 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 def register_observers(register: Callable[..., None], agent: Any, settings: Settings) -> None:
     if not enabled(settings):
         return
-    from agentik_otel.tracing import Tracing
+    from agentik_otel.metrics import Metrics
+    from agentik_otel.tracing import Tracing, resource
 
     tracing = agent.state[STATE] = Tracing.from_environment()
     register(tracing)
+    metrics = Metrics.from_environment(resource())
+    if metrics is not None:
+        agent.state[METRICS] = metrics
+        register(metrics)
 
 
 def _incoming(app: Any, agent: Any, settings: Settings) -> None:
@@ -75,9 +84,10 @@ def register_services(register: Callable[..., None], agent: Any, settings: Setti
         try:
             yield
         finally:  # the spans still batched go out before the process ends
-            tracing = agent.state.get(STATE)
-            if tracing is not None:  # a blocking flush: off the loop
-                await asyncio.to_thread(tracing.provider.shutdown)
+            for key in (STATE, METRICS):
+                done = agent.state.get(key)
+                if done is not None:  # a blocking flush: off the loop
+                    await asyncio.to_thread(done.provider.shutdown)
 
     register("otel exporter", exporting)
 

@@ -52,6 +52,15 @@ async def keep_traceparent(
     return await handler(request)
 
 
+def resource() -> Resource:
+    """The SDK's resource from OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the service is
+    ``agentik`` unless they name it."""
+    named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    )
+    return Resource.create({} if named else {"service.name": "agentik"})
+
+
 class Tracing(Observer):
     def __init__(self, provider: TracerProvider, capture: bool = False) -> None:
         self.provider = provider
@@ -65,12 +74,7 @@ class Tracing(Observer):
         """The standard OTEL_* variables: service name and resource, sampler, the exporters
         (``OTEL_TRACES_EXPORTER``: ``otlp``, ``console``, ``none``), the OTLP endpoint, headers
         and timeout (the SDK and the exporter read them)."""
-        named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
-            "OTEL_RESOURCE_ATTRIBUTES", ""
-        )
-        provider = TracerProvider(
-            resource=Resource.create({} if named else {"service.name": "agentik"})
-        )
+        provider = TracerProvider(resource=resource())
         exporters = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").replace(" ", "").split(",")
         if "otlp" in exporters:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
