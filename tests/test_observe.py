@@ -152,16 +152,24 @@ async def test_background_work_is_a_root_span(aiohttp_client):
     agent = app[AGENT]
     done = asyncio.Event()
 
-    async def review():
-        done.set()
-        return observe.trace_headers()
+    scopes = []
 
-    agent.background.submit("memory review", "conv_x", review)
+    async def review():
+        scopes.append(observe.turn_scope.get())
+        done.set()
+
+    # submitted from inside a turn, as after_turn work is: the work is not that turn's
+    token = observe.turn_scope.set(observe.TurnScope("conv_x", "msg_1"))
+    try:
+        agent.background.submit("memory review", "conv_x", review)
+    finally:
+        observe.turn_scope.reset(token)
     await asyncio.wait_for(done.wait(), 5)
     await asyncio.sleep(0.05)
     (span,) = rec.spans
     assert span.kind == observe.BACKGROUND and span.name == "memory review"
     assert span.parent is None and span.error is None and span.ended is not None
+    assert scopes == [None]
 
 
 async def test_outgoing_headers_come_from_the_observers_of_the_current_span():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentik.core.jobs import JobRunner
-from agentik.core.observe import BACKGROUND, CONVERSATION_ID, Observers
+from agentik.core.observe import BACKGROUND, CONVERSATION_ID, Observers, turn_scope
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,8 @@ class Background:
         self._wake.set()
 
     async def _drain(self) -> None:
+        # started from whichever turn submitted first: its ids are not this work's (JSON logs)
+        turn_scope.set(None)
         loop = asyncio.get_running_loop()
         while self._waiting:
             self._wake.clear()
