@@ -353,3 +353,48 @@ async def test_the_genai_client_metrics(aiohttp_client, no_export):
     assert ops == {"invoke_agent": 1, "chat": 2, "execute_tool": 1}
     ((turn, count),) = [(a, p.value) for a, p in points["agentik.turns"]]
     assert turn == {"agentik.outcome": "done", "agentik.transport": "in-process"} and count == 1
+
+
+@pytest.mark.parametrize(
+    ("transport", "path", "body"),
+    [
+        (
+            "agui",
+            "/agui",
+            {
+                "threadId": "t-1",
+                "runId": "run-1",
+                "messages": [{"id": "u-1", "role": "user", "content": "hi"}],
+                "tools": [],
+                "context": [],
+                "state": {},
+                "forwardedProps": {},
+            },
+        ),
+        (
+            "openai",
+            "/v1/chat/completions",
+            {"model": "agentik", "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ],
+)
+async def test_other_transports_hand_the_traceparent_to_their_turn(
+    aiohttp_client, no_export, transport, path, body
+):
+    builtins = (*TRACES, f"agentik_transport_{transport}")
+    app = make_app(llm=ScriptedLLM(["hello"]), builtins=builtins, env={"AGENTIK_OTEL": "1"})
+    exporter = in_memory(app)
+    client = await aiohttp_client(app)
+    header = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+    r = await client.post(path, json=body, headers=header)
+    assert r.status == 200, await r.text()
+    await r.read()
+    for _ in range(100):  # the run's End may reach the client before the span ends
+        spans = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent agentik"]
+        if spans:
+            break
+        await asyncio.sleep(0.02)
+    (root,) = spans
+    assert format_trace_id(root.context.trace_id) == TRACE_ID
+    assert format_span_id(root.parent.span_id) == PARENT_ID
+    assert root.attributes["agentik.transport"] == transport
