@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
     from agentik.core.conversation import ChatConversation
     from agentik.core.llm import HistoryItem, ToolCallRequest
+    from agentik.core.observe import Observer
     from agentik.core.registry import Register
     from agentik.core.settings import Setting, Settings
     from agentik.core.tools import Tool, ToolSpec
@@ -144,6 +145,20 @@ def register_commands(register: Callable[..., None]) -> None:
     arguments and the settings and returns the exit status. A ``SettingsError`` it raises is
     shown as one line (exit 2). Plugins are loaded for these only when the command line names
     a command that is not a core one, so ``agentik serve`` and ``--help`` pay nothing for them.
+    """
+
+
+@hookspec
+def register_observers(
+    register: Callable[[Observer], None], agent: ChatAgent, settings: Settings
+) -> None:
+    """Watch what turns do: traces, metrics, logs (``agentik.core.observe``).
+
+    ``register(observer)`` with an :class:`agentik.core.observe.Observer`: it is told when a send
+    is queued and when each span starts and ends (a turn, a model call, a tool call, a
+    compaction, a plugin's ``before_turn`` work, a background model call). Called once at
+    start-up, after the agent is built. Register nothing when your feature is off: with no
+    observer the core skips every observation point.
     """
 
 

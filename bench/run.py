@@ -55,6 +55,7 @@ SUITE = {  # id -> (module, timeout s)
     "B25": ("b25_big_pages.py", 300),
     "B26": ("b26_local_model.py", 1800),  # needs AGENTIK_REAL_LLM_PYTHON (make test-real)
     "B27": ("b27_waiting_turns.py", 900),
+    "B28": ("b28_observe.py", 400),
 }
 
 

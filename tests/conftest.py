@@ -38,7 +38,7 @@ def _no_database_left_in_the_checkout() -> Iterator[None]:
     stray = [ROOT / name for name in ("agentik.db", "agentik.db-wal", "agentik.db.lock")]
     before = [path.exists() for path in stray]
     yield
-    made = [path.name for path, was in zip(stray, before) if path.exists() and not was]
+    made = [path.name for path, was in zip(stray, before, strict=True) if path.exists() and not was]
     for name in made:
         (ROOT / name).unlink()
     if made:

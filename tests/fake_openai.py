@@ -219,6 +219,8 @@ class FakeOpenAI:
         self.default = default or echo
         self.quirks = quirks
         self.requests: list[dict[str, Any]] = []
+        #: the headers of each request of ``requests`` (a traceparent, the Authorization)
+        self.request_headers: list[dict[str, str]] = []
         self.embedding_requests: list[dict[str, Any]] = []
         #: failures of the next /embeddings requests, one each (a status, or "short")
         self.embedding_faults: deque[int | str] = deque()
@@ -279,6 +281,7 @@ class FakeOpenAI:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.request_headers.append(dict(request.headers))
         reply = self._next(body)
         stream = bool(body.get("stream"))
         reply = self._quirky(body, reply, stream)
@@ -391,6 +394,7 @@ class FakeOpenAI:
     async def _control_reset(self, request: web.Request) -> web.Response:
         self._script.clear()
         self.requests.clear()
+        self.request_headers.clear()
         self.embedding_requests.clear()
         self.embedding_faults.clear()
         self.embedding_mode = None

@@ -168,6 +168,35 @@ async def test_hook_register_jobs(aiohttp_client):
     assert (await client.get("/health")).status == 200
 
 
+async def test_hook_register_observers(aiohttp_client):
+    from agentik.core.observe import Observer
+
+    seen: list[tuple[str, str]] = []
+
+    class Watcher(Observer):
+        def start(self, span):
+            seen.append(("start", span.name))
+
+        def end(self, span):
+            seen.append(("end", span.name))
+
+    class P:
+        @hookimpl
+        def register_observers(self, register, agent, settings):
+            assert agent.id == "agentik" and "AGENTIK_DB_PATH" in settings
+            register(Watcher())
+
+    app = make_app(plugins=[("p", P())])
+    await aiohttp_client(app)
+    await run_turn(app)
+    assert seen == [
+        ("start", "invoke_agent agentik"),
+        ("start", "chat echo"),
+        ("end", "chat echo"),
+        ("end", "invoke_agent agentik"),
+    ]
+
+
 async def test_hook_before_turn(aiohttp_client):
     class P:
         @hookimpl

@@ -215,11 +215,11 @@ def test_builtin_plugins_import_no_heavy_module():
     code = (
         "import sys, agentik.core.cli, agentik_llm_openai, agentik_transport_http,"
         " agentik_tools_mcp, agentik_llm_litert, agentik_embedding_siglip,"
-        " agentik_transport_mcp_server, agentik_transport_openai;"
+        " agentik_transport_mcp_server, agentik_transport_openai, agentik_metrics, agentik_otel;"
         "from agentik.core.plugins import make_plugins; make_plugins();"
         "heavy = [m for m in ('openai', 'httpx2', 'pydantic', 'pydantic_core', 'mcp',"
         " 'litert_lm', 'onnxruntime', 'sentencepiece', 'numpy', 'hnswlib', 'a2a', 'ag_ui',"
-        " 'huggingface_hub', 'google.protobuf')"
+        " 'huggingface_hub', 'google.protobuf', 'prometheus_client', 'opentelemetry')"
         " if m in sys.modules];"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

@@ -26,6 +26,7 @@ from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend, ToolCallRequest
 from agentik.core.memory import MemoryBackend
+from agentik.core.observe import BEFORE_TURN, CONVERSATION_ID, PLUGIN, Observers
 from agentik.core.plugins import call_each
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.runner import RESTART_ERROR
@@ -88,9 +89,13 @@ class ChatAgent:
         self.before_turn_timeout = before_turn_timeout
         self.event_buffer = event_buffer
         self.jobs = JobRunner()
+        #: what plugins registered to watch turns (``register_observers``); empty: none is told
+        self.observers = Observers()
         #: background model calls (memory review, reflection, mining): they wait until no turn
         #: has run for ``background_idle`` seconds (agentik.core.background)
-        self.background = Background(self.jobs, self.turns_under_way, idle_after=background_idle)
+        self.background = Background(
+            self.jobs, self.turns_under_way, idle_after=background_idle, observers=self.observers
+        )
         #: how this model's token counts compare with the estimates (agentik.core.context)
         self.token_scale = TokenScale()
         #: tool rounds a turn may take before its model gets one last request without tools
@@ -323,6 +328,15 @@ class ChatAgent:
         conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
         return conv if conv is not None else self._remember(ChatConversation(self, info, turns))
 
+    def conversations_in_memory(self) -> list[ChatConversation]:
+        """The conversations held in memory now (for metrics: their queues, their readers)."""
+        return list(self._live.values())
+
+    @property
+    def event_readers(self) -> int:
+        """Readers of the agent-level event stream now."""
+        return self._events.readers
+
     def live_conversation(self, conversation_id: str) -> ChatConversation | None:
         """The conversation's object if it is in memory now (no load)."""
         return self._live.get(conversation_id)
@@ -461,6 +475,9 @@ class ChatAgent:
             for i, (_, r) in enumerate(results)
             if inspect.isawaitable(r)
         }
+        if self.observers:
+            for i, work in tasks.items():
+                self._observe_before_turn(conv, results[i][0], work)
         late: set[asyncio.Future[Any]] = set()
         try:
             if tasks:
@@ -489,6 +506,22 @@ class ChatAgent:
             if result:
                 blocks.append(str(result))
         return "\n\n".join(blocks)
+
+    def _observe_before_turn(self, conv: ChatConversation, plugin: str, task: Any) -> None:
+        """A span for one plugin's ``before_turn`` work (memory prefetch), beside the others."""
+        attributes = {CONVERSATION_ID: conv.id, PLUGIN: plugin}
+        span = self.observers.start(
+            BEFORE_TURN, f"{BEFORE_TURN} {plugin}", attributes, current=False
+        )
+
+        def ended(task: asyncio.Future[Any]) -> None:
+            if task.cancelled():  # late (AGENTIK_BEFORE_TURN_TIMEOUT), or the turn interrupted
+                span.end("cancelled")
+            else:
+                error = task.exception()
+                span.end(None if error is None else type(error).__name__)
+
+        task.add_done_callback(ended)
 
     async def before_compaction(self, conv: ChatConversation, items: list[HistoryItem]) -> None:
         """Run every ``before_compaction`` hook on the entries about to be summarised, at once;

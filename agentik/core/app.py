@@ -421,6 +421,12 @@ def create_app(
     plugins.report()
     settings = settings if settings is not None else load_settings(plugins, env)
     agent = build_agent(plugins, settings, llm)
+    call_startup(
+        plugins.hook.register_observers,
+        lambda plugin: agent.observers.add,
+        agent=agent,
+        settings=settings,
+    )
     trouble = TroubleLog()
     readiness = Readiness(agent)
     limits = ClientLimits(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentik.core.jobs import JobRunner
+from agentik.core.observe import BACKGROUND, CONVERSATION_ID, Observers, turn_scope
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,10 @@ class Background:
         *,
         idle_after: float = 0.0,
         max_waiting: int = 16,
+        observers: Observers | None = None,
     ) -> None:
         self.jobs = jobs
+        self.observers = observers if observers is not None else Observers()
         self._busy = busy  # whether a user turn is queued or running (on the agent's backend)
         self.idle_after = idle_after
         self.max_waiting = max_waiting
@@ -124,6 +127,8 @@ class Background:
         self._wake.set()
 
     async def _drain(self) -> None:
+        # started from whichever turn submitted first: its ids are not this work's (JSON logs)
+        turn_scope.set(None)
         loop = asyncio.get_running_loop()
         while self._waiting:
             self._wake.clear()
@@ -138,6 +143,19 @@ class Background:
             await self._run(self._waiting.popleft())
 
     async def _run(self, work: _Work) -> None:
+        span = None
+        if self.observers:  # a root: it runs long after the turn that asked for it
+            attributes = {CONVERSATION_ID: work.key} if work.key else {}
+            span = self.observers.start(BACKGROUND, work.feature, attributes, root=True)
+        error: str | None = "cancelled"
+        try:
+            error = await self._await(work)
+        finally:
+            if span is not None:
+                span.end(error)
+
+    async def _await(self, work: _Work) -> str | None:
+        """Run ``work`` once; None when it succeeded, else what stopped it."""
         task = asyncio.ensure_future(work.run())
         self._current = (work, task)
         try:
@@ -155,8 +173,11 @@ class Background:
             else:
                 self.counts["dropped"] += 1
                 log.warning("background %s dropped: cut short by user turns again", work.name)
-        elif task.exception() is not None:
+            return "preempted"
+        error = task.exception()
+        if error is not None:
             self.counts["failed"] += 1
-            log.error("background %s failed", work.name, exc_info=task.exception())
-        else:
-            self.counts["ran"] += 1
+            log.error("background %s failed", work.name, exc_info=error)
+            return type(error).__name__
+        self.counts["ran"] += 1
+        return None

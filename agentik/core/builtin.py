@@ -98,6 +98,13 @@ CORE_SETTINGS = (
     Setting("AGENTIK_SYSTEM_PROMPT", DEFAULT_SYSTEM_PROMPT, str, "Base system prompt."),
     Setting("AGENTIK_LOG_LEVEL", "info", parse_choice(*LOG_LEVELS), "Logging level."),
     Setting(
+        "AGENTIK_LOG_FORMAT",
+        "text",
+        parse_choice("text", "json"),
+        "`json`: one JSON object per log line (time, level, logger, message, and the "
+        "conversation, turn and trace ids inside a turn).",
+    ),
+    Setting(
         "AGENTIK_EVENT_BUFFER",
         1024,
         parse_positive_int,

@@ -216,10 +216,9 @@ def serve_command(host: str | None, port: int | None) -> int:
         plugins, settings = _bootstrap()
     except (SettingsError, StartupError) as e:
         return fail(str(e), e)
-    logging.basicConfig(
-        level=settings["AGENTIK_LOG_LEVEL"].upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from agentik.core.logs import configure
+
+    configure(settings["AGENTIK_LOG_LEVEL"], settings["AGENTIK_LOG_FORMAT"])
     plugins.report()
     undeclared = undeclared_variables(
         settings.declared, prefixes=settings.prefixes, others=settings.others

@@ -33,12 +33,25 @@ from agentik.core.llm import (
     Usage,
     usage_problem,
 )
+from agentik.core.llm import Truncated as TruncatedReply
+from agentik.core.observe import (
+    CHAT,
+    COMPACTION,
+    CONVERSATION_ID,
+    FINISH_REASON,
+    FIRST_TOKEN,
+    INPUT_TOKENS,
+    MODEL,
+    OUTPUT_TOKENS,
+    Span,
+)
 from agentik.core.records import new_id, utcnow
 from agentik.core.types import Compacted, Message
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
     from agentik.core.progress import Progress
+    from agentik.core.store import MemoryRow
     from agentik.core.tools import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -171,23 +184,34 @@ class ContextKeeper:
             if turn.sent_estimate is None:
                 turn.sent_estimate = (self.tokens or 0) + scale(new)
             unverified = None if self._unverified is None else self._unverified + new
-            weight, usage, streamed = 0, None, False
+            weight, usage, streamed, finish = 0, None, False, "stop"
             reply = llm.stream(inputs) if tools else llm.stream_without_tools(inputs)
+            observers = self.conv.agent.observers
+            span = self._chat_span() if observers else None
             try:
                 async for chunk in reply:
+                    if span is not None and not streamed:
+                        span.event(FIRST_TOKEN)
                     streamed = True
                     if isinstance(chunk, TextDelta):
                         text = chunk.text  # per token: text_weight's ASCII case inlined
                         weight += len(text) if text.isascii() else text_weight(text)
                     elif isinstance(chunk, ToolCallRequest):
                         weight += len(chunk.name) + text_weight(chunk.args_json)
+                        finish = "tool_calls"
+                    elif isinstance(chunk, TruncatedReply):
+                        finish = "length"
                     elif isinstance(chunk, Usage):
                         if (problem := usage_problem(chunk)) is not None:
                             self.bad_usage(problem)
                             continue  # left out: the step's counts are unknown
                         usage = chunk
                     yield chunk
-            except LLMError as e:
+            except BaseException as e:
+                if span is not None:
+                    span.end(getattr(e, "code", None) or type(e).__name__)
+                if not isinstance(e, LLMError):
+                    raise
                 # refused again after the compaction: the last turns alone are too long
                 again = retried and e.code in (CONTEXT_LENGTH, SILENT_REFUSAL)
                 if streamed or not (again or self._may_be_full(e, new)):
@@ -198,6 +222,8 @@ class ContextKeeper:
                 inputs = inputs if first else []
                 continue
             break
+        if span is not None:
+            span.end(None, **_usage_attributes(usage), **{FINISH_REASON: (finish,)})
         self._unverified = None
         if usage is not None and usage.input_tokens is not None and not usage.estimated:
             if unverified is not None:  # the whole context was estimated: learn from it
@@ -205,6 +231,12 @@ class ContextKeeper:
             self.tokens = usage.input_tokens + (usage.output_tokens or 0)
         elif self.tokens is not None:  # the engine's estimate, not the backend's guess
             self.tokens += scale(new + weight // 4 + MESSAGE_TOKENS)
+
+    def _chat_span(self) -> Span:
+        llm = self.conv.agent.llm
+        model = llm.model_name or llm.description or "unknown"
+        attributes = {CONVERSATION_ID: self.conv.id, MODEL: model}
+        return self.conv.agent.observers.start(CHAT, f"{CHAT} {model}", attributes)
 
     def _may_be_full(self, e: LLMError, new: int) -> bool:
         """Whether a failed send can be the context overflowing: the server said so, or it
@@ -260,34 +292,68 @@ class ContextKeeper:
     ) -> Compaction | None:
         """See :meth:`ChatConversation.compact`."""
         conv, agent = self.conv, self.conv.agent
-        scale = agent.token_scale
         async with self._compacting:
             rows = await conv.store.list_memory(conv.id)
             cut = compaction_cut(rows, keep_turns, conv.running_turn)
             if cut is None:
                 return None
-            old = [r.item for r in rows[:cut]]
-            fresh = [i for i in old if i.role != "summary"]  # an earlier summary is no gain
-            if min_tokens and scale(sum(map(item_tokens, fresh))) < min_tokens:
+            fresh = [r.item for r in rows[:cut] if r.item.role != "summary"]  # no gain in those
+            if min_tokens and agent.token_scale(sum(map(item_tokens, fresh))) < min_tokens:
                 return None
-            try:
-                text = await summarize(old)
-            except Exception:
-                log.warning("the summary for compacting %s failed", conv.id, exc_info=True)
-                return None
-            if not text or not text.strip():
-                return None
-            prompt, specs = agent.system_prompt(), agent.tools.specs()
-            kept = [r.item for r in rows[cut:]]
-            summary = HistoryItem("summary", text.strip())
-            before = self.tokens
-            if before is None or self.stale:
-                before = scale(context_tokens(prompt, [r.item for r in rows], specs))
-            after = scale(context_tokens(prompt, [summary, *kept], specs))
-            record = Message(new_id("sum"), conv.id, "summary", utcnow(), {"text": summary.text})
-            drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
-            await conv.store.compact_memory(conv.id, drop_before, summary, record)
-            self.compactions += 1
-            self.stale = True
-            conv.emit(Compacted(record.id, before, after))
-            return Compaction(record.id, summary.text, len(old), len(kept), before, after)
+            if not agent.observers:
+                return await self._summarize(rows, cut, summarize)
+            # a span only for a compaction that calls the summary: the asks that find nothing
+            # to compact (every send) are not work
+            attributes = {CONVERSATION_ID: conv.id}
+            with agent.observers.start(COMPACTION, COMPACTION, attributes) as span:
+                done = await self._summarize(rows, cut, summarize)
+                if done is None:
+                    span.end("no_summary")
+                else:
+                    span.set(
+                        **{
+                            "agentik.compaction.dropped": done.dropped,
+                            "agentik.compaction.tokens_before": done.tokens_before,
+                            "agentik.compaction.tokens_after": done.tokens_after,
+                        }
+                    )
+                return done
+
+    async def _summarize(
+        self,
+        rows: list[MemoryRow],
+        cut: int,
+        summarize: Callable[[list[HistoryItem]], Awaitable[str | None]],
+    ) -> Compaction | None:
+        """Replace ``rows[:cut]`` by their summary (None: the summary failed, nothing changed)."""
+        conv, agent = self.conv, self.conv.agent
+        scale = agent.token_scale
+        old = [r.item for r in rows[:cut]]
+        try:
+            text = await summarize(old)
+        except Exception:
+            log.warning("the summary for compacting %s failed", conv.id, exc_info=True)
+            return None
+        if not text or not text.strip():
+            return None
+        prompt, specs = agent.system_prompt(), agent.tools.specs()
+        kept = [r.item for r in rows[cut:]]
+        summary = HistoryItem("summary", text.strip())
+        before = self.tokens
+        if before is None or self.stale:
+            before = scale(context_tokens(prompt, [r.item for r in rows], specs))
+        after = scale(context_tokens(prompt, [summary, *kept], specs))
+        record = Message(new_id("sum"), conv.id, "summary", utcnow(), {"text": summary.text})
+        drop_before = rows[cut].order_idx if cut < len(rows) else rows[-1].order_idx + 1
+        await conv.store.compact_memory(conv.id, drop_before, summary, record)
+        self.compactions += 1
+        self.stale = True
+        conv.emit(Compacted(record.id, before, after))
+        return Compaction(record.id, summary.text, len(old), len(kept), before, after)
+
+
+def _usage_attributes(usage: Usage | None) -> dict[str, int]:
+    if usage is None:
+        return {}
+    counts = {INPUT_TOKENS: usage.input_tokens, OUTPUT_TOKENS: usage.output_tokens}
+    return {k: v for k, v in counts.items() if v is not None}

@@ -83,13 +83,16 @@ class EventIds:
     half a block of the mark, ``refill`` (the owner's) is called once to persist a further
     one."""
 
-    __slots__ = ("high", "refill", "refill_at")
+    __slots__ = ("gaps", "high", "refill", "refill_at")
 
     def __init__(self, issued: int = 0, refill: Callable[[int], None] | None = None) -> None:
         self.high = issued
         #: called with ``high`` when the persisted mark is near; it calls :meth:`reserved`
         self.refill = refill
         self.refill_at = float("inf")  # no mark persisted: nothing to refill
+        #: Gaps readers of these logs were given (fell behind the buffer, or resumed from an
+        #: id it no longer holds): the ``AGENTIK_EVENT_BUFFER`` may be too small
+        self.gaps = 0
 
     def reserved(self, mark: int, block: int) -> None:
         """Ids up to ``mark`` are persisted as used: ask for more half a block before it."""
@@ -161,6 +164,7 @@ class EventLog:
     def _gap(self, cursor: int) -> list[StreamItem]:
         """A ``Gap`` after ``cursor``, then everything the buffer holds."""
         first = self._items[0].seq if self._items else self._seq + 1
+        self._ids.gaps += 1
         return [StreamItem(first - 1, Gap(cursor)), *self._items]
 
     def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:

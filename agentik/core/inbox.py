@@ -128,6 +128,8 @@ class Inbox:
         conv.agent.touch(conv.id)
         self.queue.append(record)
         self.start()
+        if conv.agent.observers:  # in the sender's task: a tracer reads its request's context
+            conv.agent.observers.accepted(conv, record.user)
         accepted = UserMessage.of(record.user)  # every viewer sees what starts the turns after
         conv.log.publish(accepted)
         conv.agent.announce(accepted)

@@ -207,6 +207,8 @@ class LLMBackend(abc.ABC):
 
     #: Shown in the start-up banner, e.g. ``openai gpt-4o-mini @ http://…``.
     description: str = ""
+    #: The model's name (``gen_ai.request.model`` of the ``chat {model}`` spans), "" if unknown.
+    model_name: str = ""
     #: What the model can do (modalities, thinking, function calling), or None if unknown.
     capabilities: dict[str, Any] | None = None
     #: Context window in tokens, if configured or read from the model (used by compaction).

@@ -26,6 +26,19 @@ from agentik.core.llm import (
     UserInput,
 )
 from agentik.core.llm import Truncated as TruncatedReply
+from agentik.core.observe import (
+    CONVERSATION_ID,
+    ERROR_CODE,
+    INPUT_TEXT,
+    OUTCOME,
+    OUTPUT_TEXT,
+    TRANSPORT,
+    TURN,
+    TURN_ID,
+    Span,
+    TurnScope,
+    turn_scope,
+)
 from agentik.core.progress import Progress, user_images
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.tool_steps import ToolSteps
@@ -63,6 +76,7 @@ class TurnRunner:
         self._interrupting = False
         self._finishing = False  # the turn is recording its end: an interrupt would split it
         self.tools = ToolSteps(conv)
+        self.span: Span | None = None  # the running turn's, when something observes
 
     async def run(
         self, record: TurnRecord, *, cut: bool = False, cancel: bool = False
@@ -93,6 +107,18 @@ class TurnRunner:
 
     async def _run(self, turn: Progress, cancel: bool) -> None:
         agent = self.conv.agent
+        via = turn.record.user.payload.get("via")
+        transport = via.get("transport") if isinstance(via, dict) else None
+        # this task's own: log lines and plugins see which turn they are in
+        turn_scope.set(TurnScope(self.conv.id, turn.id, transport))
+        if agent.observers:
+            attributes = {
+                CONVERSATION_ID: self.conv.id,
+                TURN_ID: turn.id,
+                TRANSPORT: transport,
+                INPUT_TEXT: turn.llm_text,
+            }
+            self.span = agent.observers.start(TURN, f"{TURN} {agent.id}", attributes, root=True)
         agent.turn_started(self.conv.id)
         try:
             try:
@@ -117,6 +143,8 @@ class TurnRunner:
             # Error record once the database takes writes again (else the next start takes the
             # turn up again); listeners still get their Error and End now
             log.error("recording the end of turn %s of %s failed: %s", turn.id, self.conv.id, e)
+            if self.span is not None:
+                self.span.set(**{ERROR_CODE: "storage"})
             partial = "".join(turn.text)
             record = error_record(self.conv.id, turn.id, STORAGE_ERROR, "storage", partial)
             self.conv.agent.record_end_later(self.conv.store, record)
@@ -126,6 +154,10 @@ class TurnRunner:
                 self._end(turn)
             waiting = turn.state is TurnState.WAITING
             agent.publish("TurnWaiting" if waiting else "TurnEnded", self.conv.id)
+            if self.span is not None:
+                span, self.span = self.span, None
+                error = span.attributes.get(ERROR_CODE)  # set by _fail, or when the end failed
+                span.end(error, **{OUTCOME: "failed" if error else turn.state.value})
 
     # --- starting and resuming --------------------------------------------------------------
 
@@ -242,6 +274,8 @@ class TurnRunner:
         elif turn.truncated:
             self._emit(Truncated())
         self._end(turn)
+        if self.span is not None:
+            self.span.set(**{OUTPUT_TEXT: payload["text"]})
         if not interrupted:
             self.conv.agent.after_turn(self.conv, turn.llm_text, payload["text"])
 
@@ -268,6 +302,8 @@ class TurnRunner:
         await self.conv.context.reset()
         partial = "".join(turn.text)  # kept in the audit log only (F2: memory stays clean)
         check_move(turn.state, TurnState.FAILED)
+        if self.span is not None:
+            self.span.set(**{ERROR_CODE: code or "error"})
         record = error_record(self.conv.id, turn.id, message, code, partial)
         await self.conv.store.fail_turn(self.conv.id, turn.id, record)
         turn.state = TurnState.FAILED

@@ -9,6 +9,14 @@ from typing import TYPE_CHECKING, Any
 from agentik.core import approvals
 from agentik.core.approvals import APPROVAL
 from agentik.core.llm import HistoryItem, LLMInput, ToolCallRequest, ToolResultInput
+from agentik.core.observe import (
+    CONVERSATION_ID,
+    TOOL,
+    TOOL_ARGUMENTS,
+    TOOL_CALL_ID,
+    TOOL_NAME,
+    TOOL_RESULT,
+)
 from agentik.core.progress import Progress
 from agentik.core.records import new_id, utcnow
 from agentik.core.turns import CLIENT_TOOL, TurnState, Wait
@@ -99,13 +107,27 @@ class ToolSteps:
             if cut and run and not agent.tools.idempotent(call.name):
                 outcome = (CUT_CALL, True)
             cut = False
-            if isinstance(outcome, ToolCallRequest):
+            if isinstance(outcome, ToolCallRequest) and agent.observers:
+                text, is_error = await self._observed(outcome)
+            elif isinstance(outcome, ToolCallRequest):
                 text, is_error = await agent.tools.invoke(outcome.name, outcome.args_json)
             else:
                 text, is_error = outcome
             await self.record_result(turn, text, is_error)
             results.append(ToolResultInput(call.call_id, call.name, text))
         return results
+
+    async def _observed(self, call: ToolCallRequest) -> tuple[str, bool]:
+        attributes = {
+            CONVERSATION_ID: self.conv.id,
+            TOOL_NAME: call.name,
+            TOOL_CALL_ID: call.call_id,
+            TOOL_ARGUMENTS: call.args_json,
+        }
+        with self.conv.agent.observers.start(TOOL, f"{TOOL} {call.name}", attributes) as span:
+            text, is_error = await self.conv.agent.tools.invoke(call.name, call.args_json)
+            span.end("tool_error" if is_error else None, **{TOOL_RESULT: text})
+            return text, is_error
 
     async def record_result(self, turn: Progress, text: str, is_error: bool) -> None:
         call, record_id = turn.calls.pop(0)

@@ -76,6 +76,7 @@ class OpenAIBackend(LLMBackend):
         image_input: bool = False,
     ) -> None:
         self.base_url, self.api_key, self.model = base_url, api_key, model
+        self.model_name = model
         self.timeout, self.max_retries = timeout, max_retries
         self.context_window = context_window
         self.max_tokens = max_tokens  # the output-token cap of one step (None: the server's)

@@ -24,6 +24,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from agentik.core.llm import CONTEXT_LENGTH, LLMError
+from agentik.core.observe import trace_headers
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ class OpenAIClient:
                 resp = await session.post(
                     self.url,
                     data=data,
+                    headers=trace_headers() or None,  # traceparent, when tracing is on
                     allow_redirects=False,
                     proxy=self._proxy,
                     proxy_auth=self._proxy_auth,

@@ -35,6 +35,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
 import agentik
+from agentik.core.observe import trace_headers
 from agentik.core.tools import Tool, ToolError, ToolSpec
 from agentik_tools_mcp import config as cfg
 from agentik_tools_mcp.names import exposed_name, valid
@@ -231,7 +232,12 @@ class MCPServer:
     async def call(self, tool: str, args: dict[str, Any]) -> str:
         conn, client = await self._live()
         try:
-            result = await client.call_tool(tool, args, read_timeout_seconds=self.call_timeout)
+            result = await client.call_tool(
+                tool,
+                args,
+                read_timeout_seconds=self.call_timeout,
+                meta=trace_headers() or None,  # SEP-414: the turn's traceparent in _meta
+            )
         except MCPError as e:
             if e.code == REQUEST_TIMEOUT:
                 raise ToolError(
