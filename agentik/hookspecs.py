@@ -241,8 +241,9 @@ def tool_call_answer(
     """Called for each held call once its step goes on, with its answered ``wait``
     (``wait.answer``): return the call to run (the model's, or one with other arguments) or
     a result ``(text, is_error)`` the model gets instead of running it; ``None`` leaves it to
-    the next implementation, then to the default: an answer that is text, or
-    ``{"result": text, "isError": bool}``, is the call's result, any other lets it run.
+    the next implementation, then to the default: an ``approval`` wait goes as the person
+    answered; an answer that is text, or ``{"result": text, "isError": bool}``, is the call's
+    result; a ``client_tool`` wait answered otherwise is an error result; any other lets it run.
     """
 
 
