@@ -180,6 +180,43 @@ async def test_no_denies_and_a_task_asks_again_after_a_restart(serve, fake_opena
     assert runs(tmp_path) == []
 
 
+async def test_a_stop_before_the_task_asked_asks_after_the_restart(
+    serve, fake_openai_proc, tmp_path
+):
+    """The turn's wait is written before its task says INPUT_REQUIRED: a kill -9 in between
+    leaves a task WORKING whose turn waits. The restart makes it ask (else nothing would)."""
+    import json
+    import sqlite3
+
+    env = env_for(fake_openai_proc, tmp_path)
+    proc, base = serve(env)
+    await script_fake(
+        fake_openai_proc,
+        {"tool_calls": [["launch", {"target": "moon"}]]},
+        {"text": "launched after all"},
+    )
+    async with sdk_client(base, "1.0", streaming=False) as client:
+        task, _ = await send(client, ask("launch"))
+        [request] = requests_of(task)
+    proc.stop(signal.SIGKILL)
+    with sqlite3.connect(tmp_path / "agentik.db") as db:  # the task as it was before it asked
+        [(raw,)] = db.execute("SELECT task_json FROM a2a_task WHERE id = ?", (task.id,))
+        stored = json.loads(raw)
+        stored["status"] = {"state": "TASK_STATE_WORKING"}
+        db.execute(
+            "UPDATE a2a_task SET state = 'TASK_STATE_WORKING', task_json = ? WHERE id = ?",
+            (json.dumps(stored), task.id),
+        )
+    _, base = serve(env)
+    async with sdk_client(base, "1.0", streaming=False) as client:
+        asked = await client.get_task(pb.GetTaskRequest(id=task.id))
+        assert requests_of(asked) == [request]
+        done, _ = await send(client, answer(task, "yes"))
+        assert done.status.state == pb.TASK_STATE_COMPLETED
+        assert reply_text(done) == "launched after all"
+    assert runs(tmp_path) == ["moon"]
+
+
 def test_an_answers_whole_numbers_stay_integers_and_bad_answers_are_named():
     """A data part's numbers travel as doubles (protobuf ``Value``): an edited ``{"n": 5}``
     reaches the tool's schema as 5, not 5.0. Unit test of the reading alone."""

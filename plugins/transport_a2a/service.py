@@ -214,10 +214,15 @@ class A2AService:
             conv = await self.agent.get_conversation(stored.conversation_id)
             if end is None and conv is not None:
                 run = TaskRun(stored.task, conv, stored.turn_id)
-                if stored.task.status.state == S.TASK_STATE_INPUT_REQUIRED:
-                    run.started = True  # its turn waits for the answer, in the store
-                    run.asking.set()
-                    run.asked.update(await self._asked(conv, stored.turn_id))
+                pending = [p for p in await conv.approvals() if p.turn_id == stored.turn_id]
+                if pending:  # its turn waits for the answers, in the store
+                    run.started = True
+                    if stored.task.status.state == S.TASK_STATE_INPUT_REQUIRED:
+                        run.asking.set()
+                        run.asked.update(p.call_id for p in pending)
+                    else:  # the stop came before the task asked: nothing else would now
+                        self._ask(run, pending)
+                        await self.store.save(run.task)
                 self._start(run, after=0)
                 continue
             task = stored.task
@@ -345,10 +350,6 @@ class A2AService:
         run.asking.clear()
         run.task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
         run.publish(Update("status_update", self._status_event(run.task)))
-
-    @staticmethod
-    async def _asked(conv: ChatConversation, turn_id: str) -> set[str]:
-        return {p.call_id for p in await conv.approvals() if p.turn_id == turn_id}
 
     async def _task_of_turn(self, conv: ChatConversation, turn_id: str) -> TaskRun | None:
         """The task that answers ``turn_id`` already: a live run, or a stored one (as a run
@@ -527,7 +528,7 @@ class A2AService:
                     continue
                 if isinstance(event, Waiting):
                     continue  # the step's last event when it waits: what it asked stands
-                if task.status.state == S.TASK_STATE_INPUT_REQUIRED:
+                if task.status.state == S.TASK_STATE_INPUT_REQUIRED and not run.cancel_requested:
                     self._work(run)  # answered (here, over HTTP, or by the timeout): on it goes
                     await self.store.save(task)  # a restart does not ask again
                 if isinstance(event, AppendText):
