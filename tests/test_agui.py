@@ -444,6 +444,23 @@ async def test_a_client_tool_call_waits_across_a_restart(make_client: Any) -> No
     assert llm.offered[-1] == ["add", "confirm"]  # the turn's tools, kept with it
 
 
+async def test_front_end_tools_in_a_message_another_door_sent_are_not_offered(
+    make_client: Any,
+) -> None:
+    """The AG-UI endpoint keeps a run's tools in its message's metadata; the same metadata sent
+    through another door (here in process, as the HTTP API would) offers nothing, so no turn
+    waits for a front end that is not there."""
+    from agentik.core.types import MessageContext, TextPart, Via
+
+    llm = ScriptedLLM(["no tools of a front end"])
+    client = await make_client(llm)
+    conv = await client.app[AGENT].create_conversation()
+    context = MessageContext(metadata={"agui": {"tools": [CONFIRM]}})
+    await conv.send([TextPart("go")], context, via=Via("http"))
+    await asyncio.wait_for(conv.wait_idle(), 10)
+    assert llm.offered[-1] == ["add"]
+
+
 async def test_an_error_result_from_the_client_reaches_the_model_as_an_error(
     make_client: Any,
 ) -> None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PATH = "AGENTIK_AGUI_PATH"
+TRANSPORT = "agui"  # the ``via`` of the messages the endpoint sends (endpoint.VIA)
 MISSING = "the AG-UI endpoint is off: it needs ag-ui-protocol (pip install 'agentik-runtime[agui]')"
 
 
@@ -55,7 +56,11 @@ def setup(app: Any, agent: Any, settings: Settings) -> None:
 def turn_tools(conversation: ChatConversation, turn: TurnRecord) -> list[ToolSpec] | None:
     """The front end's own tools (``RunAgentInput.tools``) of a turn an AG-UI run started:
     kept in its user message's metadata (under ``agui``, translate.META), so a turn taken up
-    after a restart has them too."""
+    after a restart has them too. Only a turn the AG-UI endpoint sent: metadata another door
+    passes on (HTTP, A2A) cannot make a turn wait for a front end that is not there."""
+    via = turn.user.payload.get("via") or {}
+    if via.get("transport") != TRANSPORT:
+        return None
     meta = (turn.user.payload.get("context") or {}).get("metadata") or {}
     tools = (meta.get("agui") or {}).get("tools")
     if not tools:
