@@ -258,11 +258,13 @@ async def test_a_tool_that_requires_approval_waits_whatever_the_policy(aiohttp_c
     assert item["toolName"] == "guarded"
 
 
-async def test_an_unanswered_request_is_denied_after_the_timeout(aiohttp_client):
+@pytest.mark.parametrize("temp", [False, True], ids=["stored", "temporary"])
+async def test_an_unanswered_request_is_denied_after_the_timeout(aiohttp_client, temp):
     client, agent, tools = await start(
         aiohttp_client, [call("c1", target="moon")], ["ok"], AGENTIK_APPROVAL_TIMEOUT="0.3"
     )
-    cid = await new_conversation(client)
+    r = await client.post("/agentik/conversations", json={"temp": temp})
+    cid = (await r.json())["id"]
     await send(client, cid)
     await until_waiting(client, cid)
     conv = agent.live_conversation(cid)

@@ -22,7 +22,9 @@ async def deny_expired(agent: ChatAgent, after: float) -> int:
     """Deny every approval asked more than ``after`` seconds ago; returns how many."""
     cutoff = utcnow() - timedelta(seconds=after)
     denied = 0
-    for turn in await agent.store.open_turns():
+    # temporary conversations keep their turns in memory, apart from the database
+    turns = [*await agent.store.open_turns(), *await agent.temp_store.open_turns()]
+    for turn in turns:
         if turn.state is not TurnState.WAITING:
             continue
         for wait in turn.waits:
