@@ -73,6 +73,8 @@ class TestDatabases:
 def test_databases(request, monkeypatch) -> TestDatabases | None:
     if not ON_POSTGRES:
         return None
+    if request.node.get_closest_marker("sqlite_file"):
+        pytest.skip("looks into the SQLite file itself")
     from agentik.core import app
     from agentik.core.store.postgres import PgDatabase, PostgresStore
 

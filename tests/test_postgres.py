@@ -144,3 +144,15 @@ async def test_many_requests_share_a_small_pool(postgres_url):
         assert set(counts) == {50}
     finally:
         await store.close()
+
+
+async def test_background_usage_adds_up(postgres_url):
+    store = store_on(postgres_url)
+    await store.open()
+    try:
+        await store.add_background_usage("titles", "c1", 10, 2, False)
+        await store.add_background_usage("titles", None, 5, 1, True)
+        usage = (await store.background_usage())["titles"]
+        assert (usage.calls, usage.input, usage.output, usage.estimated) == (2, 15, 3, 1)
+    finally:
+        await store.close()

@@ -126,6 +126,14 @@ class PgDatabase:
         for conn in idle:
             await conn.close()
 
+    def terminate(self) -> None:
+        """Drop every connection at once, as a crash of this process would: nothing more
+        reaches the server (a transaction in flight is rolled back there)."""
+        self._open = False
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.terminate()
+
     # ``fn`` runs in a greenlet that the queries suspend: each runs on a connection of its own
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> CursorAdapter:

@@ -519,7 +519,8 @@ class SqlStore(Store):
             peewee.fn.COUNT(u.id),
             peewee.fn.SUM(u.input_tokens),
             peewee.fn.SUM(u.output_tokens),
-            peewee.fn.SUM(peewee.Case(None, [(u.estimated, 1)], 0)),
+            # literals, not parameters: PostgreSQL types a parameter of a CASE as text
+            peewee.fn.SUM(peewee.Case(None, [(u.estimated, peewee.SQL("1"))], peewee.SQL("0"))),
         ).group_by(u.feature)
 
         def q() -> dict[str, FeatureUsage]:
