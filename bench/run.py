@@ -54,6 +54,7 @@ SUITE = {  # id -> (module, timeout s)
     "B24": ("b24_web_page.py", 900),
     "B25": ("b25_big_pages.py", 300),
     "B26": ("b26_local_model.py", 1800),  # needs AGENTIK_REAL_LLM_PYTHON (make test-real)
+    "B27": ("b27_postgres.py", 400),  # needs PostgreSQL (make install-test installs it)
 }
 
 

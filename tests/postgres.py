@@ -25,11 +25,10 @@ MISSING = (
     "PostgreSQL is not installed (no initdb/pg_ctl): `make install-test` installs Debian's "
     "postgresql package"
 )
-# what the tests need of a server: speed, not durability (the data is thrown away)
-SERVER_OPTIONS = (
-    "-c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
-    "-c full_page_writes=off -c max_connections=400 -c shared_buffers=32MB"
-)
+SERVER_OPTIONS = "-c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=32MB"
+# what the tests need of a server: speed, not durability (the data is thrown away); a benchmark
+# keeps PostgreSQL's defaults (a commit is on disk), as SQLite's durable send is
+FAST = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 
 
 def bindir() -> Path | None:
@@ -56,8 +55,9 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, *, durable: bool = False) -> None:
         self.bin = bin_dir
+        self.durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="agentik-pg-"))
         self.data = self.root / "data"
         self.port = 0
@@ -78,6 +78,7 @@ class PostgresServer:
         )  # fmt: skip
         self.port = _free_port()
         options = f"-p {self.port} -k {self.root} {SERVER_OPTIONS}"
+        options += "" if self.durable else f" {FAST}"
         self._run(
             str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
             "-w", "-t", "60", "-o", options, "start",
@@ -87,6 +88,10 @@ class PostgresServer:
         with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def pid(self) -> int:
+        """The postmaster's pid (its children are the server's other processes)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -107,12 +112,12 @@ class PostgresServer:
         return f"{self.url()}?search_path={schema}"
 
 
-def start_server() -> PostgresServer | str:
+def start_server(*, durable: bool = False) -> PostgresServer | str:
     """A started server, or why there is none (the reason a test is skipped with)."""
     found = bindir()
     if found is None or not (found / "pg_ctl").exists():
         return MISSING
-    server = PostgresServer(found)
+    server = PostgresServer(found, durable=durable)
     try:
         server.start()
     except subprocess.CalledProcessError as e:

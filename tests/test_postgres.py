@@ -156,3 +156,19 @@ async def test_background_usage_adds_up(postgres_url):
         assert (usage.calls, usage.input, usage.output, usage.estimated) == (2, 15, 3, 1)
     finally:
         await store.close()
+
+
+async def test_only_a_durable_write_waits_for_the_servers_flush(postgres_url):
+    """As on SQLite: what a client was told is stored (the send) survives the server's power
+    loss; the turn's other writes survive a crash of agentik, at less cost."""
+    store = store_on(postgres_url)
+    await store.open()
+    try:
+
+        def setting() -> str:
+            return str(store.db.execute("SHOW synchronous_commit").fetchone()[0])
+
+        assert await store.db.write(setting, durable=True) == "on"
+        assert await store.db.write(setting) == "off"
+    finally:
+        await store.close()

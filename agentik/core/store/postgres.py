@@ -14,6 +14,7 @@ Imported only when the URL selects it (asyncpg and greenlet are the ``postgres``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -32,11 +33,12 @@ from playhouse.pwasyncio import (
 from agentik.core import models
 from agentik.core.db import Database
 from agentik.core.store.sql import SqlStore
+from agentik.core.store.url import shown_url
 
 T = TypeVar("T")
 
 _PLACEHOLDER = re.compile(r"\?|%s|%%")
-_ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES)\b|\bRETURNING\b", re.IGNORECASE)
+_ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW|TABLE|EXPLAIN)\b|\bRETURNING\b", re.IGNORECASE)
 
 # the append-only audit log, as SQLite's trigger keeps it (agentik.core.models)
 _APPEND_ONLY = """
@@ -46,8 +48,10 @@ DROP TRIGGER IF EXISTS message_append_only ON message;
 CREATE TRIGGER message_append_only BEFORE UPDATE ON message
 FOR EACH ROW EXECUTE FUNCTION message_append_only();
 """
-# one instance creates the tables at a time (CREATE … IF NOT EXISTS races with itself)
-_SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(7309372541)"
+# one writer at a time on the database (see write); a durable one waits for the WAL flush
+_WRITE_LOCK = "SELECT pg_advisory_xact_lock(7309372542)"
+_BEGIN = f"BEGIN; {_WRITE_LOCK}"
+_BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit TO on; {_WRITE_LOCK}"
 
 
 class Shape:
@@ -91,6 +95,11 @@ def _description(rows: list[asyncpg.Record]) -> list[tuple[str]]:
     return [(k,) for k in rows[0].keys()] if rows else []  # noqa: SIM118 - a Record iterates values
 
 
+class _PeeweeDatabase(AsyncPostgresqlDatabase):  # type: ignore[misc]
+    def get_binary_type(self) -> type:
+        return bytes  # asyncpg takes bytes for bytea (peewee's default is psycopg's Binary)
+
+
 class PgDatabase:
     """A pool of asyncpg connections with the interface of :class:`agentik.core.db.Database`:
     ``read``/``write`` run a function that calls :meth:`execute` (and peewee queries on models
@@ -98,11 +107,13 @@ class PgDatabase:
 
     def __init__(self, url: str, pool_size: int = 10) -> None:
         self.url = url
+        self.path = shown_url(url)  # where the data is, for messages (as Database.path)
         # peewee's side: plugins bind their models to it; its queries run on our connections
-        self.db = AsyncPostgresqlDatabase(url, autoconnect=False)
+        self.db = _PeeweeDatabase(url, autoconnect=False)
         self._shapes: dict[str, Shape] = {}
         self._idle: list[asyncpg.Connection] = []
         self._slots = asyncio.Semaphore(pool_size)
+        self._writing = asyncio.Lock()
         self._open = False
 
     async def open(self, tables: list[type[peewee.Model]]) -> None:
@@ -111,14 +122,16 @@ class PgDatabase:
         self._open = True
         self.db.bind(tables)
 
-        def create() -> None:
-            self.execute(_SCHEMA_LOCK)
-            self.db.create_tables(tables, safe=True)
-
-        await self.write(create)
+        # a write: one instance at a time (CREATE … IF NOT EXISTS races with itself)
+        await self.write(lambda: self.db.create_tables(tables, safe=True))
 
     async def _connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(self.url, timeout=10)
+        # a commit waits for its WAL flush only when it is durable (write(durable=True) turns it
+        # on for its transaction), as SQLite fsyncs only then: the rest is safe against a crash
+        # of this process, not against the server's power loss (the store's contract)
+        return await asyncpg.connect(
+            self.url, timeout=10, server_settings={"synchronous_commit": "off"}
+        )
 
     async def close(self) -> None:
         self._open = False
@@ -145,45 +158,66 @@ class PgDatabase:
         return await_(run_shape(conn.conn, self._shapes, sql, params))
 
     async def read(self, fn: Callable[[], T]) -> T:
-        return await self._run(fn, write=False)
+        """Run ``fn`` outside a transaction (each statement sees what is committed)."""
+        return await self._run(fn)
 
     async def write(self, fn: Callable[[], T], *, durable: bool = False) -> T:
-        """Run ``fn`` in one transaction; resolved once committed (a commit is durable: the
-        server's ``synchronous_commit``). A write that started completes even if its caller is
-        cancelled (the store's contract): it runs in a task of its own."""
-        return await asyncio.shield(self._run(fn, write=True))
+        """Run ``fn`` in one transaction; resolved once committed (with ``durable``, once the
+        server flushed its WAL: ``synchronous_commit``). A write that started completes even if
+        its caller is cancelled (the store's contract): it runs in a task of its own.
 
-    async def _run(self, fn: Callable[[], T], *, write: bool) -> T:
+        Writes run one at a time, as on SQLite (whose writer holds the file): a plugin's
+        read-then-insert in one write sees no other write between the two. In this process an
+        asyncio lock queues them (no pooled connection waits idle); across processes on one
+        database an advisory lock, taken in the same round trip as ``BEGIN``."""
+        return await asyncio.shield(self._write(fn, durable))
+
+    async def _write(self, fn: Callable[[], T], durable: bool) -> T:
+        async with self._writing:
+            return await self._run(fn, _BEGIN_DURABLE if durable else _BEGIN)
+
+    async def _run(self, fn: Callable[[], T], begin: str | None = None) -> T:
         if not self._open:
             raise RuntimeError("the database is not open")
         await self._slots.acquire()
         conn: asyncpg.Connection | None = None
-        clean = False
+        reusable = False
         try:
             conn = self._idle.pop() if self._idle else await self._connect()
             # pwasyncio keeps a connection per task: this task's is ours while fn runs
             self.db._state.set_connection(_Connection(conn, self._shapes))
             try:
-                if write:
-                    async with conn.transaction():
-                        result = await greenlet_spawn(fn)
-                else:
-                    result = await greenlet_spawn(fn)
+                result = await (self._transaction(conn, fn, begin) if begin else greenlet_spawn(fn))
             finally:
                 self.db._state.reset()
-            clean = True
+            reusable = True
             return cast(T, result)
-        except asyncpg.PostgresError as e:
-            clean = not conn.is_closed() if conn is not None else False
-            raise _peewee_error(e) from e
+        except Exception as e:
+            # the server answered (an error of the statement) and the transaction is over
+            reusable = conn is not None and not conn.is_closed() and not conn.is_in_transaction()
+            if isinstance(e, asyncpg.PostgresError):
+                raise _peewee_error(e) from e
+            raise
         finally:
             if conn is not None:
-                # a connection an interruption left mid-statement is not reused
-                if clean and self._open and not conn.is_in_transaction():
+                # a connection an interruption left mid-statement is never reused
+                if reusable and self._open:
                     self._idle.append(conn)
                 else:
                     conn.terminate()
             self._slots.release()
+
+    @staticmethod
+    async def _transaction(conn: asyncpg.Connection, fn: Callable[[], T], begin: str) -> T:
+        await conn.execute(begin)
+        try:
+            result = await greenlet_spawn(fn)
+        except Exception:
+            with contextlib.suppress(Exception):  # a lost connection: the server rolled back
+                await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+        return cast(T, result)
 
 
 def _peewee_error(e: asyncpg.PostgresError) -> Exception:
@@ -222,25 +256,5 @@ class PostgresStore(SqlStore):
     async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
         self.db.db.bind(models)
 
-        def create() -> None:
-            self.db.execute(_SCHEMA_LOCK)
-            self.db.db.create_tables(models, safe=True)
-
-        await self.db.write(create)
+        await self.db.write(lambda: self.db.db.create_tables(models, safe=True))
         return cast(Database, self.db)  # the same read/write/execute
-
-    async def add_user_message(self, msg: Any, *, idempotency_key: str | None = None) -> Any:
-        # two sends with one key at once: the second's insert fails on the key's unique index
-        # (the first committed meanwhile); once more, it finds the first's turn
-        try:
-            return await super().add_user_message(msg, idempotency_key=idempotency_key)
-        except peewee.IntegrityError:
-            if idempotency_key is None:
-                raise
-            return await super().add_user_message(msg, idempotency_key=idempotency_key)
-
-    async def aliased_conversation(self, namespace: str, key: str, new: Any) -> Any:
-        try:
-            return await super().aliased_conversation(namespace, key, new)
-        except peewee.IntegrityError:  # another created it meanwhile: now it is found
-            return await super().aliased_conversation(namespace, key, new)
