@@ -80,8 +80,15 @@ typecheck: install-test
 	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/api.py agentik/client.py agentik/chat.py \
 		agentik/protocol_check.py
 
+# the PostgreSQL store under the tests that write the most to it, their agents on a throwaway
+# server (tests/postgres.py): plugins' tables (A2A tasks, vector notes, reflection, the OpenAI
+# transport's threads) and turns killed mid-way through `agentik serve`; the store contract and
+# tests/test_postgres.py run on it in the first pass. The whole suite on it: make test-postgres
+POSTGRES_TESTS := tests/test_turns_e2e.py tests/test_a2a.py tests/test_memory_vector.py \
+	tests/test_reflection.py tests/test_openai_api.py
 unit: install-test
 	$(BIN)/pytest -q
+	AGENTIK_TEST_DATABASE=postgres $(BIN)/pytest -q $(POSTGRES_TESTS)
 
 test: lint typecheck unit          ## install what the tests need, then lint, type-check and run the suite
 
