@@ -231,6 +231,8 @@ def _peewee_error(e: asyncpg.PostgresError) -> Exception:
 
 
 class PostgresStore(SqlStore):
+    db: PgDatabase
+
     TOKEN_TOTALS_SQL = (
         "SELECT count(*), "
         "coalesce(sum((payload_json::jsonb #>> '{tokens,input}')::bigint), 0)::bigint, "

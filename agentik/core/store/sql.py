@@ -5,9 +5,9 @@ gives its database (``self.db``: ``read``/``write`` of a function that calls ``e
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import peewee
 
@@ -36,6 +36,8 @@ from agentik.core.turns import (
     waits_from,
 )
 from agentik.core.types import ConversationInfo, Message, MessageKind, UnknownReference
+
+T = TypeVar("T")
 
 _INSERT_MESSAGE = (
     "INSERT INTO message (id, conversation_id, kind, turn_id, created_at, payload_json) "
@@ -71,12 +73,23 @@ def _turn(row: Sequence[Any]) -> TurnRecord:
     return TurnRecord(user, TurnState(row[0]), row[1], waits, dt(row[3]))
 
 
+class SqlDatabase(Protocol):
+    """What the SQL store runs on (:class:`agentik.core.db.Database`, the PostgreSQL one)."""
+
+    @property
+    def db(self) -> peewee.Database: ...
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any: ...
+    async def read(self, fn: Callable[[], T]) -> T: ...
+    async def write(self, fn: Callable[[], T], *, durable: bool = False) -> T: ...
+    async def close(self) -> None: ...
+
+
 class SqlStore(Store):
     #: the dialect's statements (JSON fields): a subclass sets them
     TOKEN_TOTALS_SQL: str  # turns, input, output, uncounted of the assistant records
     CALL_TURN_SQL: str  # (conversation_id, call_id) -> the turn of the latest such tool call
 
-    db: Any  # agentik.core.db.Database or what quacks like it (read, write, execute)
+    db: SqlDatabase
     _usage: type[models.BackgroundUsage]
 
     async def close(self) -> None:

@@ -37,6 +37,8 @@ ORDER BY u.seq
 
 
 class SqliteStore(SqlStore):
+    db: Database
+
     TOKEN_TOTALS_SQL = (
         "SELECT count(*), coalesce(sum(json_extract(payload_json, '$.tokens.input')), 0),"
         " coalesce(sum(json_extract(payload_json, '$.tokens.output')), 0),"
