@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 import asyncpg
@@ -34,8 +36,29 @@ from agentik.core import models
 from agentik.core.db import Database
 from agentik.core.store.sql import SqlStore
 from agentik.core.store.url import shown_url
+from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
 
 T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """A fenced write of a conversation whose lease another instance took over (its epoch is
+    not the lease's any more): nothing of the write was stored, and this instance must stop
+    running that conversation's turns."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """This instance's ownership of a conversation, under an epoch (see ConversationLease)."""
+
+    conversation_id: str
+    owner: str
+    epoch: int
+
+
+#: the lease the writes of this task are fenced by (set by the task that runs a conversation's
+#: turns; copied into the tasks it starts, and so into each write's own task)
+FENCE: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("agentik_fence", default=None)
 
 _PLACEHOLDER = re.compile(r"\?|%s|%%")
 _ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW|TABLE|EXPLAIN)\b|\bRETURNING\b", re.IGNORECASE)
@@ -52,6 +75,43 @@ FOR EACH ROW EXECUTE FUNCTION message_append_only();
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(7309372542)"
 _BEGIN = f"BEGIN; {_WRITE_LOCK}"
 _BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit TO on; {_WRITE_LOCK}"
+
+
+# --- many instances on one database (issue 26, item 2): leases, fencing, claiming turns ------
+_FENCE = (
+    "SELECT 1 FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ? "
+    "FOR SHARE"
+)
+_HEARTBEAT = (
+    "INSERT INTO agentik_instance (id, expires_at) VALUES (?, now() + make_interval(secs => ?)) "
+    "ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+)
+# a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
+# if free or if its owner's heartbeat expired; no row: a live instance holds it
+_ACQUIRE = """
+INSERT INTO conversation_lease AS l (conversation_id, owner, epoch) VALUES (?, ?, 1)
+ON CONFLICT (conversation_id) DO UPDATE
+SET owner = EXCLUDED.owner,
+    epoch = l.epoch + CASE WHEN l.owner = EXCLUDED.owner THEN 0 ELSE 1 END
+WHERE l.owner = EXCLUDED.owner OR NOT EXISTS (
+    SELECT 1 FROM agentik_instance i WHERE i.id = l.owner AND i.expires_at > now())
+RETURNING epoch
+"""
+_RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ?"
+# the oldest queued turn this instance may run: first of its conversation's queue, none of its
+# conversation's turns running or waiting, its conversation free, this instance's or its owner
+# gone; a row another claim has locked is skipped, not waited for
+_CLAIMABLE = """
+SELECT t.id FROM turn t
+LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
+LEFT JOIN agentik_instance i ON i.id = l.owner
+WHERE t.state = 'queued'
+  AND (l.owner IS NULL OR l.owner = ? OR i.expires_at IS NULL OR i.expires_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM turn o WHERE o.conversation_id = t.conversation_id
+                  AND (o.state IN ('running', 'waiting') OR (o.state = 'queued' AND o.seq < t.seq)))
+ORDER BY t.seq LIMIT 1
+FOR UPDATE OF t SKIP LOCKED
+"""
 
 
 class Shape:
@@ -173,6 +233,9 @@ class PgDatabase:
         return await asyncio.shield(self._write(fn, durable))
 
     async def _write(self, fn: Callable[[], T], durable: bool) -> T:
+        fence = FENCE.get()
+        if fence is not None:
+            fn = _fenced(self, fence, fn)
         async with self._writing:
             return await self._run(fn, _BEGIN_DURABLE if durable else _BEGIN)
 
@@ -220,6 +283,20 @@ class PgDatabase:
         return cast(T, result)
 
 
+def _fenced(db: PgDatabase, fence: Lease, fn: Callable[[], T]) -> Callable[[], T]:
+    def checked() -> T:
+        # FOR SHARE: a takeover (an UPDATE of the lease) waits for this write's commit
+        row = db.execute(_FENCE, (fence.conversation_id, fence.owner, fence.epoch)).fetchone()
+        if row is None:
+            raise LeaseLost(
+                f"conversation {fence.conversation_id}: epoch {fence.epoch} of {fence.owner} "
+                "is over (another instance took it over)"
+            )
+        return fn()
+
+    return checked
+
+
 def _peewee_error(e: asyncpg.PostgresError) -> Exception:
     """The peewee exception a plugin catches on both databases (IntegrityError ...)."""
     state = getattr(e, "sqlstate", "") or ""
@@ -251,7 +328,7 @@ class PostgresStore(SqlStore):
         self._usage = cast(type[models.BackgroundUsage], usage)
 
     async def open(self) -> None:
-        await self.db.open(models.MODELS)
+        await self.db.open(models.MODELS + models.OWNERSHIP_MODELS)
         self.db.db.bind([self._usage])
         await self.db.write(lambda: self.db.execute(_APPEND_ONLY))
 
@@ -260,3 +337,58 @@ class PostgresStore(SqlStore):
 
         await self.db.write(lambda: self.db.db.create_tables(models, safe=True))
         return cast(Database, self.db)  # the same read/write/execute
+
+    # --- many instances on one database (issue 26, item 2) --------------------------------
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        """This instance is alive for ``ttl`` more seconds (the database server's clock): one
+        statement a beat, whatever the number of conversations it owns."""
+        await self.db.write(lambda: self.db.execute(_HEARTBEAT, (instance, ttl)))
+
+    async def acquire(self, conversation_id: str, instance: str) -> Lease | None:
+        """The conversation's lease for ``instance`` (its own again: the same epoch; free or
+        its owner's heartbeat expired: taken, the epoch one more), or None while another live
+        instance holds it."""
+
+        def q() -> Lease | None:
+            row = self.db.execute(_ACQUIRE, (conversation_id, instance)).fetchone()
+            return None if row is None else Lease(conversation_id, instance, int(row[0]))
+
+        return await self.db.write(q)
+
+    async def release(self, lease: Lease) -> None:
+        """Give a conversation up (a stop): another instance takes it without waiting for this
+        one's heartbeat to expire."""
+        await self.db.write(
+            lambda: self.db.execute(_RELEASE, (lease.conversation_id, lease.owner, lease.epoch))
+        )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def fenced(lease: Lease) -> Iterator[None]:
+        """Every write of this task (and of the tasks it starts) inside the block is refused
+        with :class:`LeaseLost` once ``lease``'s epoch is over."""
+        token = FENCE.set(lease)
+        try:
+            yield
+        finally:
+            FENCE.reset(token)
+
+    async def claim_turn(self, instance: str) -> tuple[TurnRecord, Lease] | None:
+        """Claim the oldest queued turn this instance may run, once: in one transaction its
+        conversation's lease (taken or kept) and its move to ``running``. Two instances that
+        claim at once never get the same turn, nor two turns of one conversation."""
+
+        def q() -> tuple[TurnRecord, Lease] | None:
+            row = self.db.execute(_CLAIMABLE, (instance,)).fetchone()
+            if row is None:
+                return None
+            turn = self._turn_row(str(row[0]))
+            taken = self.db.execute(_ACQUIRE, (turn.user.conversation_id, instance)).fetchone()
+            if taken is None:  # its owner came back meanwhile
+                return None
+            lease = Lease(turn.user.conversation_id, instance, int(taken[0]))
+            self._move(turn.id, TurnUpdate(TurnState.RUNNING, turn.step))
+            return replace(turn, state=TurnState.RUNNING), lease
+
+        return await self.db.write(q)

@@ -298,6 +298,10 @@ class SqlStore(Store):
                 f"turn {turn_id} cannot go from {row[0] if row else 'nowhere'} to {update.state}"
             )
 
+    def _turn_row(self, turn_id: str) -> TurnRecord:
+        """A turn, inside a read or a write (it exists)."""
+        return _turn(self.db.execute(_SELECT_TURN + "WHERE t.id = ?", (turn_id,)).fetchone())
+
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         def q() -> TurnRecord | None:
             row = self.db.execute(_SELECT_TURN + "WHERE t.id = ?", (turn_id,)).fetchone()
