@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -57,6 +58,8 @@ class TestDatabases:
     """On PostgreSQL, what each SQLite path of one test becomes: a schema of its own per path
     (a restart on the same file finds its data), a new one for each ``:memory:``."""
 
+    current: TestDatabases | None = None  # the running test's (AGENTIK_TEST_DATABASE=postgres)
+
     def __init__(self, server: PostgresServer) -> None:
         self.server = server
         self.urls: dict[str, str] = {}
@@ -69,6 +72,18 @@ class TestDatabases:
         return self.urls[path]
 
 
+def scalar(path: Any, sql: str) -> Any:
+    """One value read straight from a test's database, past the agent: its SQLite file, or on
+    PostgreSQL (AGENTIK_TEST_DATABASE=postgres) the schema that path stands for."""
+    if TestDatabases.current is None:
+        with sqlite3.connect(path) as raw:
+            return raw.execute(sql).fetchone()[0]
+    url = TestDatabases.current.url(str(path))
+    schema = url.rsplit("search_path=", 1)[1]
+    out = TestDatabases.current.server.psql(f"SET search_path TO {schema}; {sql}")
+    return int(out.strip()) if out.strip().lstrip("-").isdigit() else out.strip()
+
+
 @pytest.fixture(autouse=ON_POSTGRES)
 def test_databases(request, monkeypatch) -> TestDatabases | None:
     if not ON_POSTGRES:
@@ -79,6 +94,7 @@ def test_databases(request, monkeypatch) -> TestDatabases | None:
     from agentik.core.store.postgres import PgDatabase, PostgresStore
 
     databases = TestDatabases(request.getfixturevalue("postgres_server"))
+    monkeypatch.setattr(TestDatabases, "current", databases)
     make_store = app.make_store
 
     def on_postgres(settings: Any) -> Any:

@@ -172,3 +172,36 @@ async def test_only_a_durable_write_waits_for_the_servers_flush(postgres_url):
         assert await store.db.write(setting) == "off"
     finally:
         await store.close()
+
+
+async def test_a_server_restart_fails_requests_as_storage_errors_then_they_recover():
+    """A request during the restart fails with peewee's OperationalError (the HTTP layer
+    answers 503 storage_unavailable, retry), never the ConnectionError of a client's hang-up;
+    after it the pool's dead connections are dropped and nothing stored is lost."""
+    from tests.postgres import start_server
+
+    server = start_server()
+    if isinstance(server, str):
+        pytest.skip(server)
+    store = store_on(server.fresh_url())
+    try:
+        await store.open()
+        await store.create_conversation(conv())
+        await send(store, "u1")
+        await asyncio.to_thread(server.restart)
+        outcomes = []
+        for i in range(5):
+            try:
+                await send(store, f"after{i}")
+                outcomes.append("ok")
+            except peewee.OperationalError:
+                outcomes.append("503")
+        assert outcomes[-1] == "ok" and set(outcomes) <= {"ok", "503"}, outcomes
+        assert (await store.get_turn("u1")) is not None
+        assert await store.count_turns("c1") == 1 + outcomes.count("ok")
+        server.stop()  # and while it is down
+        with pytest.raises(peewee.OperationalError):
+            await store.get_conversation("c1")
+    finally:
+        await store.close()
+        server.stop()

@@ -199,6 +199,16 @@ class PgDatabase:
         for conn in idle:
             await conn.close()
 
+    async def _pooled(self) -> asyncpg.Connection:
+        """An idle connection, or a new one: one the server closed while it was idle (a restart
+        of the server) is dropped here, so the request goes on on a new connection."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.is_closed():
+                return conn
+            conn.terminate()
+        return await self._connect()
+
     def terminate(self) -> None:
         """Drop every connection at once, as a crash of this process would: nothing more
         reaches the server (a transaction in flight is rolled back there)."""
@@ -246,7 +256,7 @@ class PgDatabase:
         conn: asyncpg.Connection | None = None
         reusable = False
         try:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = await self._pooled()
             # pwasyncio keeps a connection per task: this task's is ours while fn runs
             self.db._state.set_connection(_Connection(conn, self._shapes))
             try:
@@ -258,7 +268,9 @@ class PgDatabase:
         except Exception as e:
             # the server answered (an error of the statement) and the transaction is over
             reusable = conn is not None and not conn.is_closed() and not conn.is_in_transaction()
-            if isinstance(e, asyncpg.PostgresError):
+            if isinstance(
+                e, asyncpg.PostgresError | asyncpg.InterfaceError | OSError | TimeoutError
+            ):
                 raise _peewee_error(e) from e
             raise
         finally:
@@ -297,8 +309,12 @@ def _fenced(db: PgDatabase, fence: Lease, fn: Callable[[], T]) -> Callable[[], T
     return checked
 
 
-def _peewee_error(e: asyncpg.PostgresError) -> Exception:
-    """The peewee exception a plugin catches on both databases (IntegrityError ...)."""
+def _peewee_error(e: Exception) -> Exception:
+    """The peewee exception a plugin catches on both databases (IntegrityError ...); a lost or
+    refused connection is an OperationalError (the HTTP layer answers 503, retry), never the
+    ConnectionError a client's hang-up is."""
+    if not isinstance(e, asyncpg.PostgresError):
+        return peewee.OperationalError(f"PostgreSQL: {type(e).__name__}: {e}")
     state = getattr(e, "sqlstate", "") or ""
     if state.startswith("23"):
         return peewee.IntegrityError(str(e))
