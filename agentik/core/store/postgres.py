@@ -77,6 +77,17 @@ _BEGIN = f"BEGIN; {_WRITE_LOCK}"
 _BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit TO on; {_WRITE_LOCK}"
 
 
+# a page of the audit log cut where its payloads' sizes (characters, as SQLite's store counts
+# them) pass max_bytes; the first message always comes
+_CUT_PAGE = """
+SELECT id, kind, created_at, payload_json FROM (
+  SELECT *, row_number() OVER (ORDER BY seq) AS n,
+         sum(length(payload_json)) OVER (ORDER BY seq) AS size
+  FROM (SELECT seq, id, kind, created_at, payload_json FROM message
+        WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?) page
+) cut WHERE n = 1 OR size <= ? ORDER BY seq
+"""
+
 # --- many instances on one database (issue 26, item 2): leases, fencing, claiming turns ------
 _FENCE = (
     "SELECT 1 FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ? "
@@ -342,6 +353,14 @@ class PostgresStore(SqlStore):
         self.db = db
         (usage,) = models.for_agent(models.BackgroundUsage)
         self._usage = cast(type[models.BackgroundUsage], usage)
+
+    def _page(
+        self, conversation_id: str, after_seq: int, offset: int, limit: int, max_bytes: int | None
+    ) -> Any:
+        # asyncpg fetches a whole result: the server cuts the page at max_bytes instead
+        if max_bytes is None:
+            return super()._page(conversation_id, after_seq, offset, limit, max_bytes)
+        return self.db.execute(_CUT_PAGE, (conversation_id, after_seq, limit, offset, max_bytes))
 
     async def open(self) -> None:
         await self.db.open(models.MODELS + models.OWNERSHIP_MODELS)

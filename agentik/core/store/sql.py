@@ -55,6 +55,10 @@ _TURN_COLUMNS = (
 _SELECT_TURN = f"SELECT {_TURN_COLUMNS} FROM turn t JOIN message m ON m.id = t.id "
 _OPEN = tuple(str(s) for s in OPEN)
 _OPEN_SQL = ", ".join("?" * len(_OPEN))
+_PAGE = (
+    "SELECT id, kind, created_at, payload_json FROM message "
+    "WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?"
+)
 # a turn's move, for each number of states it may come from (built once per shape)
 _MOVE_TURN = {
     n: "UPDATE turn SET state = ?, step = ?, waits_json = ?, updated_at = ? "
@@ -342,11 +346,7 @@ class SqlStore(Store):
                 if row is None:
                     raise UnknownReference(f"after: no message {after!r} in this conversation")
                 after_seq = row[0]
-            rows = self.db.execute(
-                "SELECT id, kind, created_at, payload_json FROM message "
-                "WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?",
-                (conversation_id, after_seq, limit, offset),
-            )
+            rows = self._page(conversation_id, after_seq, offset, limit, max_bytes)
             page: list[Message] = []
             size = 0
             for r in rows:  # read row by row: the rest of a cut page is never loaded
@@ -358,6 +358,13 @@ class SqlStore(Store):
             return page
 
         return await self.db.read(q)
+
+    def _page(
+        self, conversation_id: str, after_seq: int, offset: int, limit: int, max_bytes: int | None
+    ) -> Any:
+        """The rows of a page (id, kind, created_at, payload_json), inside a read: a cursor
+        read row by row here, so the rest of a page cut by ``max_bytes`` is never loaded."""
+        return self.db.execute(_PAGE, (conversation_id, after_seq, limit, offset))
 
     async def recent_turns(self, conversation_id: str, turns: int) -> list[Message]:
         def q() -> list[Message]:
