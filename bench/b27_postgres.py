@@ -133,8 +133,8 @@ async def in_process(url: str, reps: int, n: int) -> list[dict[str, Any]]:
                 pgmod._Connection = real
 
     assert await_ is not None
-    shipped = PostgresStore(PgDatabase(url))
-    peewee_way = PostgresStore(PeeweeExecution(url))
+    shipped = PostgresStore(PgDatabase(url, exclusive=False))
+    peewee_way = PostgresStore(PeeweeExecution(url, exclusive=False))
     for s in (shipped, peewee_way):
         await s.open()
     conn = await asyncpg.connect(url, server_settings={"synchronous_commit": "off"})

@@ -205,3 +205,16 @@ async def test_a_server_restart_fails_requests_as_storage_errors_then_they_recov
     finally:
         await store.close()
         server.stop()
+
+
+async def test_a_second_instance_on_the_same_schema_stops_naming_the_first(postgres_url):
+    """One instance per database for now, as on SQLite (conversation ownership is not used by
+    the agent yet): the second stops at start-up naming the first; once it stops, it starts."""
+    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})):
+        with pytest.raises(StartupError) as info:
+            async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})):
+                pass
+        assert "in use by another agentik (agentik pid" in str(info.value)
+        assert "AGENTIK_DATABASE_URL=" in str(info.value)
+    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})) as agent:
+        assert await agent.store.count_conversations() == 0

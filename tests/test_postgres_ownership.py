@@ -19,7 +19,7 @@ async def stores(postgres_url):
     opened = []
 
     async def start():
-        store = PostgresStore(PgDatabase(postgres_url))
+        store = PostgresStore(PgDatabase(postgres_url, exclusive=False))
         await store.open()
         opened.append(store)
         return store

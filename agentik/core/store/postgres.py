@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import os
 import re
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
@@ -33,7 +35,7 @@ from playhouse.pwasyncio import (
 )
 
 from agentik.core import models
-from agentik.core.db import Database
+from agentik.core.db import Database, DatabaseInUse
 from agentik.core.store.sql import SqlStore
 from agentik.core.store.url import shown_url
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
@@ -76,6 +78,19 @@ _WRITE_LOCK = "SELECT pg_advisory_xact_lock(7309372542)"
 _BEGIN = f"BEGIN; {_WRITE_LOCK}"
 _BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit TO on; {_WRITE_LOCK}"
 
+
+# the lock of one instance per schema (hashtext: the advisory lock's key from its name)
+_INSTANCE_LOCK = "(hashtext('agentik instance ' || current_schema()) & 2147483647)"
+_TAKE_INSTANCE_LOCK = f"SELECT pg_try_advisory_lock({_INSTANCE_LOCK})"
+_INSTANCE_LOCK_HOLDER = f"""
+SELECT a.application_name || ' at ' || coalesce(host(a.client_addr), 'local socket')
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0
+  AND l.objid = {_INSTANCE_LOCK}::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+LIMIT 1
+"""
+_APPLICATION_NAME = f"agentik pid {os.getpid()} on {socket.gethostname()}"[:63]
 
 # a page of the audit log cut where its payloads' sizes (characters, as SQLite's store counts
 # them) pass max_bytes; the first message always comes
@@ -176,7 +191,7 @@ class PgDatabase:
     ``read``/``write`` run a function that calls :meth:`execute` (and peewee queries on models
     bound to :attr:`db`) on one connection; ``write`` in one transaction."""
 
-    def __init__(self, url: str, pool_size: int = 10) -> None:
+    def __init__(self, url: str, pool_size: int = 10, *, exclusive: bool = True) -> None:
         self.url = url
         self.path = shown_url(url)  # where the data is, for messages (as Database.path)
         # peewee's side: plugins bind their models to it; its queries run on our connections
@@ -185,11 +200,19 @@ class PgDatabase:
         self._idle: list[asyncpg.Connection] = []
         self._slots = asyncio.Semaphore(pool_size)
         self._writing = asyncio.Lock()
+        # one instance per database for now (as SQLite's file lock): a session advisory lock
+        # on the schema, held by a connection kept out of the pool; off for the tests of many
+        # instances' pieces (leases), which run several stores on one schema
+        self.exclusive = exclusive
+        self._holder: asyncpg.Connection | None = None
         self._open = False
 
     async def open(self, tables: list[type[peewee.Model]]) -> None:
         conn = await self._connect()  # fails here, at start-up, when the server is unreachable
-        self._idle.append(conn)
+        if self.exclusive:
+            await self._hold(conn)
+        else:
+            self._idle.append(conn)
         self._open = True
         self.db.bind(tables)
 
@@ -200,13 +223,32 @@ class PgDatabase:
         # a commit waits for its WAL flush only when it is durable (write(durable=True) turns it
         # on for its transaction), as SQLite fsyncs only then: the rest is safe against a crash
         # of this process, not against the server's power loss (the store's contract)
-        return await asyncpg.connect(
-            self.url, timeout=10, server_settings={"synchronous_commit": "off"}
+        settings = {"synchronous_commit": "off", "application_name": _APPLICATION_NAME}
+        return await asyncpg.connect(self.url, timeout=10, server_settings=settings)
+
+    async def _hold(self, conn: asyncpg.Connection) -> None:
+        """Take the schema's instance lock on a connection of its own, kept until close, or
+        raise DatabaseInUse naming the holder (its application_name: pid and host)."""
+        # a few tries: the server ends the session of an instance just killed (kill -9, and
+        # with it its lock) when it notices the closed socket, a moment later
+        for _ in range(30):
+            if await conn.fetchval(_TAKE_INSTANCE_LOCK):
+                self._holder = conn
+                return
+            await asyncio.sleep(0.1)
+        holder = await conn.fetchval(_INSTANCE_LOCK_HOLDER)
+        await conn.close()
+        raise DatabaseInUse(
+            f"it is in use by another agentik ({holder or 'unknown'}); one instance per "
+            "database (and schema) for now: stop that one or give this one another database"
         )
 
     async def close(self) -> None:
         self._open = False
         idle, self._idle = self._idle, []
+        if self._holder is not None:  # last: the lock goes with its connection
+            idle.append(self._holder)
+            self._holder = None
         for conn in idle:
             await conn.close()
 
@@ -225,6 +267,9 @@ class PgDatabase:
         reaches the server (a transaction in flight is rolled back there)."""
         self._open = False
         idle, self._idle = self._idle, []
+        if self._holder is not None:
+            idle.append(self._holder)
+            self._holder = None
         for conn in idle:
             conn.terminate()
 
