@@ -27,6 +27,15 @@ def store_on(url: str):
     return PostgresStore(PgDatabase(url))
 
 
+@pytest.fixture
+async def store(postgres_url):
+    """An opened PostgreSQL store on a fresh schema; closed after the test."""
+    opened = store_on(postgres_url)
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
 class Note(BaseModel):
     """A plugin's table, as plugins define theirs."""
 
@@ -78,58 +87,42 @@ async def test_the_url_selects_the_postgresql_store(postgres_url):
     assert type(make_store(settings)).__name__ == "SqliteStore"  # type: ignore[arg-type]
 
 
-async def test_the_audit_log_is_append_only(postgres_url):
-    store = store_on(postgres_url)
-    await store.open()
-    try:
-        await store.create_conversation(conv())
-        await send(store, "u1")
-        with pytest.raises(peewee.DatabaseError, match="append-only"):
-            await store.db.write(
-                lambda: store.db.execute("UPDATE message SET kind = 'x' WHERE id = ?", ("u1",))
-            )
-        assert [m.kind for m in await store.list_messages("c1", None, 0, 5)] == ["user"]
-    finally:
-        await store.close()
+async def test_the_audit_log_is_append_only(store):
+    await store.create_conversation(conv())
+    await send(store, "u1")
+    with pytest.raises(peewee.DatabaseError, match="append-only"):
+        await store.db.write(
+            lambda: store.db.execute("UPDATE message SET kind = 'x' WHERE id = ?", ("u1",))
+        )
+    assert [m.kind for m in await store.list_messages("c1", None, 0, 5)] == ["user"]
 
 
-async def test_a_plugins_peewee_table_works_and_a_unique_key_raises_peeweess_error(postgres_url):
-    store = store_on(postgres_url)
-    await store.open()
-    try:
-        (model,) = for_agent(Note)
-        db = await store.add_models([model])
-        assert db is not None
-        await db.write(lambda: model.insert(key="a", count=1).execute())
-        await db.write(lambda: model.update(count=model.count + 1, done=True).execute())
-        row = await db.read(lambda: model.get(model.key == "a"))
-        assert (row.count, row.done) == (2, True)
-        with pytest.raises(peewee.IntegrityError):  # what a plugin catches on SQLite too
-            await db.write(lambda: model.insert(key="a").execute())
-        assert await db.read(lambda: model.select().count()) == 1  # the failed write rolled back
-        assert await store.add_models([model]) is not None  # a second start finds the table
-    finally:
-        await store.close()
+async def test_a_plugins_peewee_table_works_and_a_unique_key_raises_peewees_error(store):
+    (model,) = for_agent(Note)
+    db = await store.add_models([model])
+    assert db is not None
+    await db.write(lambda: model.insert(key="a", count=1).execute())
+    await db.write(lambda: model.update(count=model.count + 1, done=True).execute())
+    row = await db.read(lambda: model.get(model.key == "a"))
+    assert (row.count, row.done) == (2, True)
+    with pytest.raises(peewee.IntegrityError):  # what a plugin catches on SQLite too
+        await db.write(lambda: model.insert(key="a").execute())
+    assert await db.read(lambda: model.select().count()) == 1  # the failed write rolled back
+    assert await store.add_models([model]) is not None  # a second start finds the table
 
 
-async def test_a_write_completes_though_its_caller_is_cancelled(postgres_url):
-    store = store_on(postgres_url)
-    await store.open()
-    try:
-        await store.create_conversation(conv())
-        writes = [
-            asyncio.ensure_future(store.append("c1", [msg(f"m{i}", "assistant")]))
-            for i in range(20)
-        ]
-        await asyncio.sleep(0)  # they started
-        for w in writes:
-            w.cancel()
-        await asyncio.gather(*writes, return_exceptions=True)
-        await asyncio.sleep(0.5)
-        assert len(await store.list_messages("c1", None, 0, 50)) == 20
-        assert await store.count_conversations() == 1  # and the pool still serves
-    finally:
-        await store.close()
+async def test_a_write_completes_though_its_caller_is_cancelled(store):
+    await store.create_conversation(conv())
+    writes = [
+        asyncio.ensure_future(store.append("c1", [msg(f"m{i}", "assistant")])) for i in range(20)
+    ]
+    await asyncio.sleep(0)  # they started
+    for w in writes:
+        w.cancel()
+    await asyncio.gather(*writes, return_exceptions=True)
+    await asyncio.sleep(0.5)
+    assert len(await store.list_messages("c1", None, 0, 50)) == 20
+    assert await store.count_conversations() == 1  # and the pool still serves
 
 
 async def test_many_requests_share_a_small_pool(postgres_url):
@@ -146,32 +139,22 @@ async def test_many_requests_share_a_small_pool(postgres_url):
         await store.close()
 
 
-async def test_background_usage_adds_up(postgres_url):
-    store = store_on(postgres_url)
-    await store.open()
-    try:
-        await store.add_background_usage("titles", "c1", 10, 2, False)
-        await store.add_background_usage("titles", None, 5, 1, True)
-        usage = (await store.background_usage())["titles"]
-        assert (usage.calls, usage.input, usage.output, usage.estimated) == (2, 15, 3, 1)
-    finally:
-        await store.close()
+async def test_background_usage_adds_up(store):
+    await store.add_background_usage("titles", "c1", 10, 2, False)
+    await store.add_background_usage("titles", None, 5, 1, True)
+    usage = (await store.background_usage())["titles"]
+    assert (usage.calls, usage.input, usage.output, usage.estimated) == (2, 15, 3, 1)
 
 
-async def test_only_a_durable_write_waits_for_the_servers_flush(postgres_url):
+async def test_only_a_durable_write_waits_for_the_servers_flush(store):
     """As on SQLite: what a client was told is stored (the send) survives the server's power
     loss; the turn's other writes survive a crash of agentik, at less cost."""
-    store = store_on(postgres_url)
-    await store.open()
-    try:
 
-        def setting() -> str:
-            return str(store.db.execute("SHOW synchronous_commit").fetchone()[0])
+    def setting() -> str:
+        return str(store.db.execute("SHOW synchronous_commit").fetchone()[0])
 
-        assert await store.db.write(setting, durable=True) == "on"
-        assert await store.db.write(setting) == "off"
-    finally:
-        await store.close()
+    assert await store.db.write(setting, durable=True) == "on"
+    assert await store.db.write(setting) == "off"
 
 
 async def test_a_server_restart_fails_requests_as_storage_errors_then_they_recover():
