@@ -6,7 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install install-test serve test test-real lint typecheck unit bench tiny-model tiny-siglip clean
+.PHONY: install install-test serve test test-real test-postgres lint typecheck unit bench tiny-model tiny-siglip \
+	clean postgresql-server
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "agentik needs Python 3.11 or newer (python3)"; exit 1; }
@@ -54,9 +55,19 @@ $(CHROMEDRIVER):
 			chromium chromium-driver; \
 	else echo "no apt-get: install chromium and chromedriver to run tests/test_web_e2e.py"; fi
 
+# Debian's PostgreSQL, for the PostgreSQL store's tests (tests/postgres.py starts a throwaway
+# server as an unprivileged user): installed only when missing, like chromium
+postgresql-server:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || \
+	if command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			postgresql; \
+	else echo "no apt-get: install PostgreSQL (initdb, pg_ctl) to run its tests"; fi
+
 install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
 	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json \
-	tests/mcp_inspector/node_modules/.package-lock.json $(CHROMEDRIVER)
+	tests/mcp_inspector/node_modules/.package-lock.json $(CHROMEDRIVER) postgresql-server
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve
@@ -69,10 +80,22 @@ typecheck: install-test
 	$(BIN)/mypy agentik/core agentik/hookspecs.py agentik/api.py agentik/client.py agentik/chat.py \
 		agentik/protocol_check.py
 
+# the PostgreSQL store under the tests that write the most to it, their agents on a throwaway
+# server (tests/postgres.py): plugins' tables (A2A tasks, vector notes, reflection, the OpenAI
+# transport's threads) and turns killed mid-way through `agentik serve`; the store contract and
+# tests/test_postgres.py run on it in the first pass. The whole suite on it: make test-postgres
+POSTGRES_TESTS := tests/test_turns_e2e.py tests/test_a2a.py tests/test_memory_vector.py \
+	tests/test_reflection.py tests/test_openai_api.py
 unit: install-test
 	$(BIN)/pytest -q
+	AGENTIK_TEST_DATABASE=postgres $(BIN)/pytest -q $(POSTGRES_TESTS)
 
 test: lint typecheck unit          ## install what the tests need, then lint, type-check and run the suite
+
+# the whole suite once more, every agent of it on PostgreSQL (AGENTIK_TEST_DATABASE=postgres,
+# tests/conftest.py); not part of `make test`, which runs the PostgreSQL store's own tests
+test-postgres: install-test        ## the suite with its agents on a throwaway PostgreSQL server
+	AGENTIK_TEST_DATABASE=postgres $(BIN)/pytest -q
 
 # the real-server tier: the openai backend against llama-cpp-python serving Gemma 3 270M
 # (tests/test_llm_openai_real.py, docs/llm_servers.md). The first run builds llama-cpp-python from

@@ -56,6 +56,7 @@ SUITE = {  # id -> (module, timeout s)
     "B26": ("b26_local_model.py", 1800),  # needs AGENTIK_REAL_LLM_PYTHON (make test-real)
     "B27": ("b27_waiting_turns.py", 900),
     "B28": ("b28_observe.py", 400),
+    "B29": ("b29_postgres.py", 400),  # needs PostgreSQL (make install-test installs it)
 }
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from agentik.core.llm import LLMBackend
 from agentik.core.store import SqliteStore
 from agentik.core.testing import EchoLLM
 from agentik.core.tools import Tool, ToolRegistry
+from tests.postgres import PostgresServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -43,12 +45,94 @@ def _no_database_left_in_the_checkout() -> Iterator[None]:
         (ROOT / name).unlink()
     if made:
         pytest.fail(f"the test left {', '.join(made)} in the checkout", pytrace=False)
+# AGENTIK_TEST_DATABASE=postgres (`make test-postgres`): every agent the tests start keeps its
+# conversations on the throwaway PostgreSQL server (tests/postgres.py) instead of SQLite
+ON_POSTGRES = os.environ.get("AGENTIK_TEST_DATABASE", "").lower() in ("postgres", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL server for the session; the test is skipped without one."""
+    server = start_server()
+    if isinstance(server, str):
+        pytest.skip(server)
+    yield server
+    server.stop()
 
 
 @pytest.fixture
-async def make_agent(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    """Build an opened ChatAgent on a real SQLite file; closed after the test."""
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The URL of a new, empty schema on the test server."""
+    return postgres_server.fresh_url()
+
+
+class TestDatabases:
+    """On PostgreSQL, what each SQLite path of one test becomes: a schema of its own per path
+    (a restart on the same file finds its data), a new one for each ``:memory:``."""
+
+    current: TestDatabases | None = None  # the running test's (AGENTIK_TEST_DATABASE=postgres)
+
+    def __init__(self, server: PostgresServer) -> None:
+        self.server = server
+        self.urls: dict[str, str] = {}
+
+    def url(self, path: str) -> str:
+        if path == ":memory:":
+            return self.server.fresh_url()
+        if path not in self.urls:
+            self.urls[path] = self.server.fresh_url()
+        return self.urls[path]
+
+
+def scalar(path: Any, sql: str) -> Any:
+    """One value read straight from a test's database, past the agent: its SQLite file, or on
+    PostgreSQL (AGENTIK_TEST_DATABASE=postgres) the schema that path stands for."""
+    if TestDatabases.current is None:
+        with sqlite3.connect(path) as raw:
+            return raw.execute(sql).fetchone()[0]
+    url = TestDatabases.current.url(str(path))
+    schema = url.rsplit("search_path=", 1)[1]
+    out = TestDatabases.current.server.psql(f"SET search_path TO {schema}; {sql}")
+    return int(out.strip()) if out.strip().lstrip("-").isdigit() else out.strip()
+
+
+@pytest.fixture(autouse=ON_POSTGRES)
+def test_databases(request, monkeypatch) -> TestDatabases | None:
+    if not ON_POSTGRES:
+        return None
+    if request.node.get_closest_marker("sqlite_file"):
+        pytest.skip("looks into the SQLite file itself")
+    from agentik.core import app
+    from agentik.core.store.postgres import PgDatabase, PostgresStore
+
+    databases = TestDatabases(request.getfixturevalue("postgres_server"))
+    monkeypatch.setattr(TestDatabases, "current", databases)
+    make_store = app.make_store
+
+    def on_postgres(settings: Any) -> Any:
+        if settings["AGENTIK_DATABASE_URL"]:
+            return make_store(settings)
+        return PostgresStore(PgDatabase(databases.url(settings["AGENTIK_DB_PATH"])))
+
+    monkeypatch.setattr(app, "make_store", on_postgres)
+    return databases
+
+
+@pytest.fixture
+async def make_agent(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Callable[..., Any]]:
+    """Build an opened ChatAgent on a real SQLite file (on PostgreSQL with
+    AGENTIK_TEST_DATABASE=postgres); closed after the test."""
     agents: list[ChatAgent] = []
+    databases = request.getfixturevalue("test_databases") if ON_POSTGRES else None
+
+    def store(db: str) -> Any:
+        if databases is None:
+            return SqliteStore(Database(db))
+        from agentik.core.store.postgres import PgDatabase, PostgresStore
+
+        return PostgresStore(PgDatabase(databases.url(db)))
 
     async def factory(
         llm: LLMBackend | None = None,
@@ -57,7 +141,7 @@ async def make_agent(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         **kwargs: Any,
     ) -> ChatAgent:
         agent = ChatAgent(
-            store=SqliteStore(Database(db or str(tmp_path / "agent.db"))),
+            store=store(db or str(tmp_path / "agent.db")),
             llm=llm or EchoLLM(),
             tools=ToolRegistry(tools),
             **kwargs,
@@ -175,9 +259,12 @@ def fake_openai_proc(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
+def serve(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., tuple[Process, str]]]:
     """Start ``agentik serve`` with the given environment; yields (process, base URL)."""
     procs: list[Process] = []
+    databases = request.getfixturevalue("test_databases") if ON_POSTGRES else None
 
     def start(
         env: dict[str, str],
@@ -207,6 +294,8 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[Process, str]]]:
                 **env,
             }
         )
+        if databases is not None and "AGENTIK_DATABASE_URL" not in env:
+            full["AGENTIK_DATABASE_URL"] = databases.url(full["AGENTIK_DB_PATH"])
         limit = ["prlimit", f"--nofile={nofile}"] if nofile else []
         command = command or [str(BIN / "agentik"), "serve"]
         log = tmp_path / f"serve-{len(procs)}.log"

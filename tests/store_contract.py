@@ -281,3 +281,17 @@ async def test_a_tool_calls_turn_is_found_by_its_call_id(contract_store: Store):
     assert await s.tool_call_turn("c1", "call_1") == "u2"
     assert await s.tool_call_turn("c1", "nope") is None
     assert await s.tool_call_turn("other", "call_0") is None
+
+
+async def test_a_page_ends_before_the_message_that_would_pass_max_bytes(contract_store: Store):
+    s = contract_store
+    await s.create_conversation(conv())
+    await s.append("c1", [msg(f"m{i}", "assistant", text="x" * 1000) for i in range(10)])
+    page = await s.list_messages("c1", None, 0, 10, max_bytes=3500)
+    assert [m.id for m in page] == ["m0", "m1", "m2"]  # each payload is a little over 1,000
+    assert [m.id for m in await s.list_messages("c1", "m2", 0, 10, max_bytes=3500)] == [
+        "m3", "m4", "m5"
+    ]  # fmt: skip
+    big = await s.list_messages("c1", None, 0, 10, max_bytes=10)
+    assert [m.id for m in big] == ["m0"]  # the first message always comes
+    assert len(await s.list_messages("c1", None, 0, 10)) == 10  # no budget: the whole page

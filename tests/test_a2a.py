@@ -10,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from agentik.core.testing import ScriptedLLM, make_app
 from tests.conftest import ROOT
 
@@ -330,6 +332,7 @@ async def test_agent_card_lists_the_skills_catalogue(aiohttp_client, tmp_path):
 # --- tasks on the agent -------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_file
 async def test_send_get_and_the_conversation(aiohttp_client, tmp_path):
     client = await aiohttp_client(a2a_app(tmp_path, llm=ScriptedLLM(["Hello", " there"])))
     answer = await rpc(client, "SendMessage", {"message": text_message("hi")})
@@ -600,6 +603,7 @@ async def test_image_parts_only_for_a_model_that_takes_images(aiohttp_client, tm
     assert answer["error"]["code"] == -32005 and "application/pdf" in answer["error"]["message"]
 
 
+@pytest.mark.sqlite_file
 async def test_numbers_no_json_reader_takes_back_are_refused_before_the_turn(
     aiohttp_client, tmp_path
 ):

@@ -196,6 +196,7 @@ async def test_sdk_client_with_an_api_key_and_a_cancel(serve, fake_openai_proc):
         assert r.status_code == 401
 
 
+@pytest.mark.sqlite_file
 async def test_kill_9_mid_task_then_restart_the_task_completes(serve, fake_openai_proc, tmp_path):
     env = openai_env(fake_openai_proc)
     proc, base = serve(env)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 
 import aiohttp
 import pytest
 
 from agentik.core.testing import ScriptedLLM, make_app
-from tests.conftest import read_sse
+from tests.conftest import read_sse, scalar
 
 TEXT = [{"type": "text", "body": "hello"}]
 
@@ -40,11 +39,10 @@ async def finish_turn(client, cid: str) -> None:
 
 
 def db_counts(path) -> tuple[int, int, int]:
-    with sqlite3.connect(path) as raw:
-        return tuple(
-            raw.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("conversation", "message", "working_memory")
-        )
+    return tuple(
+        scalar(path, f"SELECT count(*) FROM {t}")
+        for t in ("conversation", "message", "working_memory")
+    )
 
 
 async def test_conversation_lifecycle(client):

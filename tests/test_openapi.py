@@ -321,6 +321,7 @@ async def test_served_document_is_the_file_narrowed_to_the_model(aiohttp_client:
 # --- the API, endpoint by endpoint ----------------------------------------------------------
 
 
+@pytest.mark.sqlite_file
 async def test_server_matches_document(api: Api) -> None:
     health = await api.call("GET", "/health", 200)
     assert health["status"] == "ok"

@@ -72,6 +72,7 @@ def stored(tmp_path: Any) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+@pytest.mark.sqlite_file
 async def test_reflections_are_scored_stored_and_prompted(aiohttp_client, fake, tmp_path, caplog):
     fake.default = reviewer = Reviewer(
         '{"score": 2, "weakSpots": ["answers too long"]}',
@@ -128,6 +129,7 @@ async def test_a_reflection_reaches_the_conversation_it_is_about(aiohttp_client,
     assert conv.llm_builds == 1  # the openai backend swapped the system message
 
 
+@pytest.mark.sqlite_file
 async def test_a_reflection_yields_to_a_turn_and_never_runs_twice(aiohttp_client, fake, tmp_path):
     """A turn that starts cuts the reflection under way short (on a one-slot server it would
     wait behind it); the reflection runs again once the turn is over, on the latest turns."""
@@ -180,6 +182,7 @@ def test_the_shape_is_cleaned():
     assert validate({"score": 2, "weakSpots": ["...", " - ", "…", "too long"]}) == (2, ["too long"])
 
 
+@pytest.mark.sqlite_file
 async def test_the_prompts_own_example_given_back_is_ignored(aiohttp_client, fake, tmp_path):
     """A small model answered the prompt's example, and ``- ...`` went into every system
     prompt: that answer is no reflection, and wordless weak spots are dropped."""

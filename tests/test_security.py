@@ -4,7 +4,6 @@ cross-site requests, the bind address and the banner."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from agentik import hookimpl
 from agentik.core import security
 from agentik.core.settings import SettingsError
 from agentik.core.testing import make_app
-from tests.conftest import BIN, read_sse, script_fake
+from tests.conftest import BIN, read_sse, scalar, script_fake
 
 KEY = "k-0123456789abcdef-first"
 OTHER_KEY = "k-0123456789abcdef-second"
@@ -121,8 +120,9 @@ async def test_every_route_of_every_transport_needs_a_key(aiohttp_client, tmp_pa
             assert (await r.json())["error"]["code"] == "unauthorized"
         r = await client.request(method, path, headers={"Authorization": f"Bearer {OTHER_KEY}"})
         assert r.status != 401, (method, path)
-    with sqlite3.connect(tmp_path / "a.db") as raw:  # refused requests changed nothing
-        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 1
+    assert (
+        scalar(tmp_path / "a.db", "SELECT count(*) FROM conversation") == 1
+    )  # refused requests changed nothing
 
 
 async def test_sse_takes_the_key_as_a_query_parameter_and_nothing_else_does(
@@ -165,8 +165,7 @@ async def test_without_a_key_only_loopback_host_names_are_served(aiohttp_client,
     for host in ("127.0.0.1:80@evil.com", "localhost:80/x", "127.0.0.1:8o", "a b", "[::1"):
         r = await client.post("/agentik/conversations", headers={"Host": host})
         assert r.status == 400 and (await r.json())["error"]["code"] == "bad_host", host
-    with sqlite3.connect(tmp_path / "c.db") as raw:
-        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    assert scalar(tmp_path / "c.db", "SELECT count(*) FROM conversation") == 0
     client2 = await aiohttp_client(make_app(env={"AGENTIK_ALLOWED_HOSTS": "agent.lan"}))
     assert (await client2.get("/health", headers={"Host": "agent.lan:8080"})).status == 200
     assert (await client2.get("/health", headers={"Host": "evil.example"})).status == 403
@@ -183,8 +182,7 @@ async def test_cross_site_requests_are_refused(aiohttp_client, tmp_path):
     # a bodiless POST from another origin (fetch with mode: no-cors)
     r = await client.post("/agentik/conversations", headers={"Origin": "https://evil.example"})
     assert r.status == 403 and (await r.json())["error"]["code"] == "cross_origin"
-    with sqlite3.connect(tmp_path / "d.db") as raw:
-        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    assert scalar(tmp_path / "d.db", "SELECT count(*) FROM conversation") == 0
     # the same origin (a page the server itself serves) is not cross-site
     own = f"http://127.0.0.1:{client.port}"
     assert (await client.post("/agentik/conversations", headers={"Origin": own})).status == 201
@@ -204,8 +202,7 @@ async def test_a_body_in_an_unknown_content_encoding_gets_a_415(aiohttp_client, 
         )
         assert r.status == 415, encoding
         assert (await r.json())["error"]["code"] == "unsupported_content_encoding"
-    with sqlite3.connect(tmp_path / "e.db") as raw:
-        assert raw.execute("SELECT count(*) FROM conversation").fetchone()[0] == 0
+    assert scalar(tmp_path / "e.db", "SELECT count(*) FROM conversation") == 0
     r = await client.post(
         "/agentik/conversations",
         data=gzip.compress(b'{"title": "zipped"}'),

@@ -128,6 +128,7 @@ async def idle(session, base: str, cid: str) -> None:
 
 
 @pytest.mark.parametrize("resume", ["1", "0"])
+@pytest.mark.sqlite_file
 async def test_crash_mid_turn_then_restart_loses_nothing(serve, fake_openai_proc, tmp_path, resume):
     """Turn 1 completes while 2 and 3 wait behind it; SIGKILL during turn 2. After the restart
     turn 2 runs again (it had recorded nothing), or with AGENTIK_RESUME_TURNS=0 it is closed
@@ -241,6 +242,7 @@ async def test_event_ids_grow_across_a_crash_and_a_clock_set_back(
         assert gap["data"]["after"] == too_high
 
 
+@pytest.mark.sqlite_file
 async def test_a_second_server_on_the_same_database_stops_naming_the_first(
     serve, fake_openai_proc, tmp_path
 ):
@@ -265,6 +267,7 @@ async def test_a_second_server_on_the_same_database_stops_naming_the_first(
     assert third.stop() == 0
 
 
+@pytest.mark.sqlite_file
 async def test_sigterm_mid_stream_exits_quickly_and_cleanly(serve, fake_openai_proc, tmp_path):
     proc, base = serve(openai_env(fake_openai_proc))
     await script_fake(fake_openai_proc, {"text": "slow " * 500, "delay": 0.05})
@@ -386,6 +389,7 @@ async def slow_upload(base: str, cid: str) -> asyncio.StreamWriter:
     return writer
 
 
+@pytest.mark.sqlite_file
 async def test_a_stop_keeps_its_budget_and_leaves_queued_messages_for_the_next_start(
     serve, fake_openai_proc, tmp_path
 ):

@@ -223,9 +223,13 @@ async def test_a_waiting_turn_waits_on_across_a_restart(make_agent, tmp_path):
 
 def crash(agent) -> None:
     """The process dies here: nothing more of this agent reaches the database."""
-    agent.store.db.conn.close()
-    agent.store.db._conn = None
-    agent.store.db._unlock()  # and the OS drops its lock on the file
+    db = agent.store.db
+    if hasattr(db, "terminate"):  # PostgreSQL (AGENTIK_TEST_DATABASE=postgres)
+        db.terminate()
+    else:
+        db.conn.close()
+        db._conn = None
+        db._unlock()  # and the OS drops its lock on the file
     for conv in agent._live.values():
         conv.closed = True
     agent._closed = True

@@ -44,7 +44,8 @@ from agentik.core.plugins import StartupError as StartupError  # defined beside 
 from agentik.core.registry import BackendError, BackendRegistry
 from agentik.core.responses import error_response
 from agentik.core.settings import Setting, SettingPrefix, Settings, SettingsError
-from agentik.core.store import SqliteStore
+from agentik.core.store import SqliteStore, Store
+from agentik.core.store.url import shown_url
 from agentik.core.tools import Tool, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -296,15 +297,43 @@ def takes_positional(fn: Callable[..., Any]) -> bool:
     )
 
 
-def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = None) -> ChatAgent:
-    tools = collect_tools(plugins, settings)
+def make_store(settings: Settings) -> Store:
+    """The store the settings name: PostgreSQL with AGENTIK_DATABASE_URL, else the SQLite file
+    AGENTIK_DB_PATH. The PostgreSQL driver is imported only then."""
+    url = settings["AGENTIK_DATABASE_URL"]
+    if url:
+        try:
+            from agentik.core.store.postgres import PgDatabase, PostgresStore
+        except ImportError as e:
+            raise StartupError(
+                f"AGENTIK_DATABASE_URL={shown_url(url)}: PostgreSQL needs the postgres extra "
+                f"(pip install 'agentik-runtime[postgres]'): {e}"
+            ) from e
+        return PostgresStore(PgDatabase(url))
     path = settings["AGENTIK_DB_PATH"]
     try:
-        database = Database(path)
+        return SqliteStore(Database(path))
     except OSError as e:
         raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot create its folder: {e}") from e
+
+
+def storage_of(settings: Settings) -> str:
+    """Where the store is (the URL without its password, or the SQLite file), for messages."""
+    url = settings["AGENTIK_DATABASE_URL"]
+    return shown_url(url) if url else str(settings["AGENTIK_DB_PATH"])
+
+
+def database_named(settings: Settings) -> str:
+    """The variable that names the store's database, with its value, for messages."""
+    if settings["AGENTIK_DATABASE_URL"]:
+        return f"AGENTIK_DATABASE_URL={storage_of(settings)}"
+    return f"AGENTIK_DB_PATH={settings['AGENTIK_DB_PATH']!r}"
+
+
+def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = None) -> ChatAgent:
+    tools = collect_tools(plugins, settings)
+    store = make_store(settings)
     regs = registries(plugins)  # every register_*_backends hook called once
-    store = SqliteStore(database)
     llm = llm if llm is not None else select_llm(plugins, settings, regs)
     # a memory factory gets what it names: the embedding backend (built only then), the store
     embeddings: list[EmbeddingBackend] = []
@@ -560,8 +589,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         try:
             await agent.open()
         except Exception as e:
-            path = settings["AGENTIK_DB_PATH"]
-            raise StartupError(f"AGENTIK_DB_PATH={path!r}: cannot open the database: {e}") from e
+            raise StartupError(f"{database_named(settings)}: cannot open the database: {e}") from e
         if agent.embedding is not None:  # before the memory backend that uses it
             await _start_embedding(services, agent.embedding, settings)
         if agent.memory is not None:

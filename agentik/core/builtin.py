@@ -20,6 +20,7 @@ from agentik.core.settings import (
     parse_positive_float,
     parse_positive_int,
 )
+from agentik.core.store.url import parse_database_url
 from agentik.hookspecs import hookimpl
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Be brief and to the point."
@@ -68,6 +69,14 @@ CORE_SETTINGS = (
         str,
         "SQLite file for conversations and history; ':memory:' for an in-memory database. "
         "Missing parent folders are created.",
+    ),
+    Setting(
+        "AGENTIK_DATABASE_URL",
+        None,
+        parse_database_url,
+        "PostgreSQL server for the store instead of SQLite (postgresql://user:password@host/db; "
+        "needs the `postgres` extra); unset: the SQLite file AGENTIK_DB_PATH.",
+        secret=True,
     ),
     Setting(
         "AGENTIK_LLM_BACKEND",

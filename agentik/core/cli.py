@@ -415,7 +415,7 @@ async def _stop(
 
 
 async def banner(app: web.Application, host: str, port: int) -> list[str]:
-    from agentik.core.app import AGENT, PLUGINS, SETTINGS, llm_choice
+    from agentik.core.app import AGENT, PLUGINS, SETTINGS, llm_choice, storage_of
     from agentik.core.security import is_loopback
 
     agent, plugins, settings = app[AGENT], app[PLUGINS], app[SETTINGS]
@@ -444,7 +444,7 @@ async def banner(app: web.Application, host: str, port: int) -> list[str]:
     name, why = llm_choice(settings)
     return [
         *endpoints,
-        f"  storage: {settings['AGENTIK_DB_PATH']}",
+        f"  storage: {storage_of(settings)}",
         f"  llm: {agent.llm.description or type(agent.llm).__name__}",
         *([f"  llm choice: {name} ({why})"] if why else []),
         *(f"  {line}" for line in lines),

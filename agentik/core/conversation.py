@@ -273,9 +273,18 @@ class ChatConversation(ConversationEvents):
     async def count_turns(self) -> int:
         """How many turns this conversation has had: its user messages, those still queued
         included. Counted in the store once, then kept up to date by ``send``."""
-        if self.inbox.turns is None:
-            self.inbox.turns = await self.store.count_turns(self.id)
-        return self.inbox.turns
+        inbox = self.inbox
+        if inbox.turns is None:
+            sends, busy = inbox.sends, inbox.sending
+            counted = await self.store.count_turns(self.id)
+            if inbox.turns is not None:
+                return inbox.turns
+            if busy or inbox.sends != sends:
+                # a send overlapped the count (a database whose reads suspend: PostgreSQL), so
+                # the count may or may not hold it: not kept, the next call counts again
+                return counted
+            inbox.turns = counted
+        return inbox.turns
 
     async def recent_turns(self, turns: int) -> list[Message]:
         """The audit records of the last ``turns`` turns, oldest first."""

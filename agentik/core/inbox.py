@@ -53,6 +53,7 @@ class Inbox:
         self.sending = 0  # sends between their first line and their queued turn
         self.unconfirmed: set[str] = set()  # keyed sends whose write raised (see accept)
         self.turns: int | None = None  # user messages stored, once counted
+        self.sends = 0  # sends started (Conversation.count_turns: did one overlap a count?)
         self._cut: set[str] = set()  # turns a crash stopped while they ran
         self._cancel: str | None = None  # the waiting turn an interrupt ends
         self._answered: dict[str, TurnRecord] = {}  # answers that came while a run returned
@@ -101,6 +102,7 @@ class Inbox:
         # shielded: once the write started, the turn is queued even if the caller goes away
         # (a client that disconnects before its 202)
         self.sending += 1  # from now on the conversation is not idle
+        self.sends += 1
         return await asyncio.shield(self._store(msg, idempotency_key))
 
     async def _store(self, msg: Message, idempotency_key: str | None) -> Message:

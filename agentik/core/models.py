@@ -136,6 +136,35 @@ class BackgroundUsage(BaseModel):
         table_name = "background_usage"
 
 
+class Instance(BaseModel):
+    """A running agentik process on a shared database (PostgreSQL): alive while ``expires_at``,
+    the database server's time, is ahead; its heartbeat moves it (one statement a beat)."""
+
+    id = peewee.TextField(primary_key=True)
+    expires_at = peewee.DateTimeField()
+
+    class Meta:
+        table_name = "agentik_instance"
+
+
+class ConversationLease(BaseModel):
+    """Which instance owns a conversation (runs its turns), and the lease's epoch: it grows
+    each time another instance takes the conversation over, and every write of a turn names
+    the epoch it was started under (a fencing token: a stale owner's write is refused)."""
+
+    conversation = peewee.ForeignKeyField(
+        Conversation, column_name="conversation_id", primary_key=True, on_delete="CASCADE"
+    )
+    owner = peewee.TextField()
+    epoch = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "conversation_lease"
+
+
+#: the tables of many instances on one database (the PostgreSQL store's)
+OWNERSHIP_MODELS: list[type[peewee.Model]] = [Instance, ConversationLease]
+
 MODELS: list[type[peewee.Model]] = [
     Conversation,
     Message,

@@ -238,7 +238,10 @@ class VectorMemory(MemoryBackend):
 
         def write() -> None:
             for key, value in (("dimension", str(dimension)), ("embedding", model)):
-                self.Meta.insert(key=key, value=value).on_conflict_replace().execute()
+                # an upsert both databases know (SQLite's REPLACE is not PostgreSQL's)
+                self.Meta.insert(key=key, value=value).on_conflict(
+                    conflict_target=[self.Meta.key], update={self.Meta.value: value}
+                ).execute()
 
         if not count or meta.get("dimension") != str(dimension):
             await db.write(write)

@@ -1,0 +1,474 @@
+"""The PostgreSQL store (``AGENTIK_DATABASE_URL=postgresql://…``): the statements of
+:class:`~agentik.core.store.sql.SqlStore` on asyncpg, and plugins' peewee tables on the same
+connections through peewee's asyncio layer (``playhouse.pwasyncio``).
+
+How the synchronous code of the SQLite store runs here: ``read(fn)``/``write(fn)`` take a pooled
+connection and run ``fn`` in a greenlet (pwasyncio's bridge); each ``execute`` inside it, and
+each peewee query a plugin runs there, suspends the greenlet while asyncpg awaits the server, so
+the loop goes on. A statement's ``?`` placeholders become ``$1…`` once per shape, and asyncpg
+prepares each shape once per connection (its statement cache): no call parses SQL again.
+
+Imported only when the URL selects it (asyncpg and greenlet are the ``postgres`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
+
+import asyncpg
+import peewee
+from playhouse.pwasyncio import (
+    AsyncPostgresqlConnection,
+    AsyncPostgresqlDatabase,
+    CursorAdapter,
+    await_,
+    greenlet_spawn,
+)
+
+from agentik.core import models
+from agentik.core.db import Database, DatabaseInUse
+from agentik.core.store.sql import SqlStore
+from agentik.core.store.url import shown_url
+from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
+
+T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """A fenced write of a conversation whose lease another instance took over (its epoch is
+    not the lease's any more): nothing of the write was stored, and this instance must stop
+    running that conversation's turns."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """This instance's ownership of a conversation, under an epoch (see ConversationLease)."""
+
+    conversation_id: str
+    owner: str
+    epoch: int
+
+
+#: the lease the writes of this task are fenced by (set by the task that runs a conversation's
+#: turns; copied into the tasks it starts, and so into each write's own task)
+FENCE: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("agentik_fence", default=None)
+
+_PLACEHOLDER = re.compile(r"\?|%s|%%")
+_ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW|TABLE|EXPLAIN)\b|\bRETURNING\b", re.IGNORECASE)
+
+# the append-only audit log, as SQLite's trigger keeps it (agentik.core.models)
+_APPEND_ONLY = """
+CREATE OR REPLACE FUNCTION message_append_only() RETURNS trigger AS $$
+BEGIN RAISE EXCEPTION 'message is an append-only audit log'; END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS message_append_only ON message;
+CREATE TRIGGER message_append_only BEFORE UPDATE ON message
+FOR EACH ROW EXECUTE FUNCTION message_append_only();
+"""
+# one writer at a time on the database (see write); a durable one waits for the WAL flush
+_WRITE_LOCK = "SELECT pg_advisory_xact_lock(7309372542)"
+_BEGIN = f"BEGIN; {_WRITE_LOCK}"
+_BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit TO on; {_WRITE_LOCK}"
+
+
+# the lock of one instance per schema (hashtext: the advisory lock's key from its name)
+_INSTANCE_LOCK = "(hashtext('agentik instance ' || current_schema()) & 2147483647)"
+_TAKE_INSTANCE_LOCK = f"SELECT pg_try_advisory_lock({_INSTANCE_LOCK})"
+_INSTANCE_LOCK_HOLDER = f"""
+SELECT a.application_name || ' at ' || coalesce(host(a.client_addr), 'local socket')
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0
+  AND l.objid = {_INSTANCE_LOCK}::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+LIMIT 1
+"""
+_APPLICATION_NAME = f"agentik pid {os.getpid()} on {socket.gethostname()}"[:63]
+
+# a page of the audit log cut where its payloads' sizes (characters, as SQLite's store counts
+# them) pass max_bytes; the first message always comes
+_CUT_PAGE = """
+SELECT id, kind, created_at, payload_json FROM (
+  SELECT *, row_number() OVER (ORDER BY seq) AS n,
+         sum(length(payload_json)) OVER (ORDER BY seq) AS size
+  FROM (SELECT seq, id, kind, created_at, payload_json FROM message
+        WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?) page
+) cut WHERE n = 1 OR size <= ? ORDER BY seq
+"""
+
+# --- many instances on one database (issue 26, item 2): leases, fencing, claiming turns ------
+_FENCE = (
+    "SELECT 1 FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ? "
+    "FOR SHARE"
+)
+_HEARTBEAT = (
+    "INSERT INTO agentik_instance (id, expires_at) VALUES (?, now() + make_interval(secs => ?)) "
+    "ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+)
+# a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
+# if free or if its owner's heartbeat expired; no row: a live instance holds it
+_ACQUIRE = """
+INSERT INTO conversation_lease AS l (conversation_id, owner, epoch) VALUES (?, ?, 1)
+ON CONFLICT (conversation_id) DO UPDATE
+SET owner = EXCLUDED.owner,
+    epoch = l.epoch + CASE WHEN l.owner = EXCLUDED.owner THEN 0 ELSE 1 END
+WHERE l.owner = EXCLUDED.owner OR NOT EXISTS (
+    SELECT 1 FROM agentik_instance i WHERE i.id = l.owner AND i.expires_at > now())
+RETURNING epoch
+"""
+_RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ?"
+# the oldest queued turn this instance may run: first of its conversation's queue, none of its
+# conversation's turns running or waiting, its conversation free, this instance's or its owner
+# gone; a row another claim has locked is skipped, not waited for
+_CLAIMABLE = """
+SELECT t.id FROM turn t
+LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
+LEFT JOIN agentik_instance i ON i.id = l.owner
+WHERE t.state = 'queued'
+  AND (l.owner IS NULL OR l.owner = ? OR i.expires_at IS NULL OR i.expires_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM turn o WHERE o.conversation_id = t.conversation_id
+                  AND (o.state IN ('running', 'waiting') OR (o.state = 'queued' AND o.seq < t.seq)))
+ORDER BY t.seq LIMIT 1
+FOR UPDATE OF t SKIP LOCKED
+"""
+
+
+class Shape:
+    """A statement as asyncpg takes it: ``$n`` placeholders, and whether it returns rows."""
+
+    __slots__ = ("rows", "sql")
+
+    def __init__(self, sql: str) -> None:
+        numbers = itertools.count(1)
+        self.sql = _PLACEHOLDER.sub(lambda m: "%" if m[0] == "%%" else f"${next(numbers)}", sql)
+        self.rows = bool(_ROWS.search(sql))
+
+
+class _Connection(AsyncPostgresqlConnection):  # type: ignore[misc]
+    """pwasyncio's connection, running peewee's queries through the shapes (pwasyncio's own
+    prepares every statement anew: a round trip more per query)."""
+
+    def __init__(self, conn: asyncpg.Connection, shapes: dict[str, Shape]) -> None:
+        super().__init__(conn)
+        self.shapes = shapes
+
+    async def _execute(self, sql: str, params: Sequence[Any] | None = None) -> CursorAdapter:
+        return await run_shape(self.conn, self.shapes, sql, params or ())
+
+
+async def run_shape(
+    conn: asyncpg.Connection, shapes: dict[str, Shape], sql: str, params: Sequence[Any]
+) -> CursorAdapter:
+    shape = shapes.get(sql)
+    if shape is None:
+        shape = shapes[sql] = Shape(sql)
+    if shape.rows:
+        rows = await conn.fetch(shape.sql, *params)
+        return CursorAdapter(rows, rowcount=len(rows), description=_description(rows))
+    status = await conn.execute(shape.sql, *params)
+    count = status.rsplit(" ", 1)[-1]
+    return CursorAdapter([], rowcount=int(count) if count.isdigit() else -1)
+
+
+def _description(rows: list[asyncpg.Record]) -> list[tuple[str]]:
+    return [(k,) for k in rows[0].keys()] if rows else []  # noqa: SIM118 - a Record iterates values
+
+
+class _PeeweeDatabase(AsyncPostgresqlDatabase):  # type: ignore[misc]
+    def get_binary_type(self) -> type:
+        return bytes  # asyncpg takes bytes for bytea (peewee's default is psycopg's Binary)
+
+
+class PgDatabase:
+    """A pool of asyncpg connections with the interface of :class:`agentik.core.db.Database`:
+    ``read``/``write`` run a function that calls :meth:`execute` (and peewee queries on models
+    bound to :attr:`db`) on one connection; ``write`` in one transaction."""
+
+    def __init__(self, url: str, pool_size: int = 10, *, exclusive: bool = True) -> None:
+        self.url = url
+        self.path = shown_url(url)  # where the data is, for messages (as Database.path)
+        # peewee's side: plugins bind their models to it; its queries run on our connections
+        self.db = _PeeweeDatabase(url, autoconnect=False)
+        self._shapes: dict[str, Shape] = {}
+        self._idle: list[asyncpg.Connection] = []
+        self._slots = asyncio.Semaphore(pool_size)
+        self._writing = asyncio.Lock()
+        # one instance per database for now (as SQLite's file lock): a session advisory lock
+        # on the schema, held by a connection kept out of the pool; off for the tests of many
+        # instances' pieces (leases), which run several stores on one schema
+        self.exclusive = exclusive
+        self._holder: asyncpg.Connection | None = None
+        self._open = False
+
+    async def open(self, tables: list[type[peewee.Model]]) -> None:
+        conn = await self._connect()  # fails here, at start-up, when the server is unreachable
+        if self.exclusive:
+            await self._hold(conn)
+        else:
+            self._idle.append(conn)
+        self._open = True
+        self.db.bind(tables)
+
+        # a write: one instance at a time (CREATE … IF NOT EXISTS races with itself)
+        await self.write(lambda: self.db.create_tables(tables, safe=True))
+
+    async def _connect(self) -> asyncpg.Connection:
+        # a commit waits for its WAL flush only when it is durable (write(durable=True) turns it
+        # on for its transaction), as SQLite fsyncs only then: the rest is safe against a crash
+        # of this process, not against the server's power loss (the store's contract)
+        settings = {"synchronous_commit": "off", "application_name": _APPLICATION_NAME}
+        return await asyncpg.connect(self.url, timeout=10, server_settings=settings)
+
+    async def _hold(self, conn: asyncpg.Connection) -> None:
+        """Take the schema's instance lock on a connection of its own, kept until close, or
+        raise DatabaseInUse naming the holder (its application_name: pid and host)."""
+        # a few tries: the server ends the session of an instance just killed (kill -9, and
+        # with it its lock) when it notices the closed socket, a moment later
+        for _ in range(30):
+            if await conn.fetchval(_TAKE_INSTANCE_LOCK):
+                self._holder = conn
+                return
+            await asyncio.sleep(0.1)
+        holder = await conn.fetchval(_INSTANCE_LOCK_HOLDER)
+        await conn.close()
+        raise DatabaseInUse(
+            f"it is in use by another agentik ({holder or 'unknown'}); one instance per "
+            "database (and schema) for now: stop that one or give this one another database"
+        )
+
+    async def close(self) -> None:
+        self._open = False
+        idle, self._idle = self._idle, []
+        if self._holder is not None:  # last: the lock goes with its connection
+            idle.append(self._holder)
+            self._holder = None
+        for conn in idle:
+            await conn.close()
+
+    async def _pooled(self) -> asyncpg.Connection:
+        """An idle connection, or a new one: one the server closed while it was idle (a restart
+        of the server) is dropped here, so the request goes on on a new connection."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.is_closed():
+                return conn
+            conn.terminate()
+        return await self._connect()
+
+    def terminate(self) -> None:
+        """Drop every connection at once, as a crash of this process would: nothing more
+        reaches the server (a transaction in flight is rolled back there)."""
+        self._open = False
+        idle, self._idle = self._idle, []
+        if self._holder is not None:
+            idle.append(self._holder)
+            self._holder = None
+        for conn in idle:
+            conn.terminate()
+
+    # ``fn`` runs in a greenlet that the queries suspend: each runs on a connection of its own
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> CursorAdapter:
+        """A statement (``?`` placeholders) on the connection of the ``read``/``write`` this
+        runs in."""
+        conn = self.db._state.conn
+        if conn is None:
+            raise RuntimeError("execute() outside read()/write()")
+        return await_(run_shape(conn.conn, self._shapes, sql, params))
+
+    async def read(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` outside a transaction (each statement sees what is committed)."""
+        return await self._run(fn)
+
+    async def write(self, fn: Callable[[], T], *, durable: bool = False) -> T:
+        """Run ``fn`` in one transaction; resolved once committed (with ``durable``, once the
+        server flushed its WAL: ``synchronous_commit``). A write that started completes even if
+        its caller is cancelled (the store's contract): it runs in a task of its own.
+
+        Writes run one at a time, as on SQLite (whose writer holds the file): a plugin's
+        read-then-insert in one write sees no other write between the two. In this process an
+        asyncio lock queues them (no pooled connection waits idle); across processes on one
+        database an advisory lock, taken in the same round trip as ``BEGIN``."""
+        return await asyncio.shield(self._write(fn, durable))
+
+    async def _write(self, fn: Callable[[], T], durable: bool) -> T:
+        fence = FENCE.get()
+        if fence is not None:
+            fn = _fenced(self, fence, fn)
+        async with self._writing:
+            return await self._run(fn, _BEGIN_DURABLE if durable else _BEGIN)
+
+    async def _run(self, fn: Callable[[], T], begin: str | None = None) -> T:
+        if not self._open:
+            raise RuntimeError("the database is not open")
+        await self._slots.acquire()
+        conn: asyncpg.Connection | None = None
+        reusable = False
+        try:
+            conn = await self._pooled()
+            # pwasyncio keeps a connection per task: this task's is ours while fn runs
+            self.db._state.set_connection(_Connection(conn, self._shapes))
+            try:
+                result = await (self._transaction(conn, fn, begin) if begin else greenlet_spawn(fn))
+            finally:
+                self.db._state.reset()
+            reusable = True
+            return cast(T, result)
+        except Exception as e:
+            # the server answered (an error of the statement) and the transaction is over
+            reusable = conn is not None and not conn.is_closed() and not conn.is_in_transaction()
+            if isinstance(
+                e, asyncpg.PostgresError | asyncpg.InterfaceError | OSError | TimeoutError
+            ):
+                raise _peewee_error(e) from e
+            raise
+        finally:
+            if conn is not None:
+                # a connection an interruption left mid-statement is never reused
+                if reusable and self._open:
+                    self._idle.append(conn)
+                else:
+                    conn.terminate()
+            self._slots.release()
+
+    @staticmethod
+    async def _transaction(conn: asyncpg.Connection, fn: Callable[[], T], begin: str) -> T:
+        await conn.execute(begin)
+        try:
+            result = await greenlet_spawn(fn)
+        except Exception:
+            with contextlib.suppress(Exception):  # a lost connection: the server rolled back
+                await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+        return cast(T, result)
+
+
+def _fenced(db: PgDatabase, fence: Lease, fn: Callable[[], T]) -> Callable[[], T]:
+    def checked() -> T:
+        # FOR SHARE: a takeover (an UPDATE of the lease) waits for this write's commit
+        row = db.execute(_FENCE, (fence.conversation_id, fence.owner, fence.epoch)).fetchone()
+        if row is None:
+            raise LeaseLost(
+                f"conversation {fence.conversation_id}: epoch {fence.epoch} of {fence.owner} "
+                "is over (another instance took it over)"
+            )
+        return fn()
+
+    return checked
+
+
+def _peewee_error(e: Exception) -> Exception:
+    """The peewee exception a plugin catches on both databases (IntegrityError ...); a lost or
+    refused connection is an OperationalError (the HTTP layer answers 503, retry), never the
+    ConnectionError a client's hang-up is."""
+    if not isinstance(e, asyncpg.PostgresError):
+        return peewee.OperationalError(f"PostgreSQL: {type(e).__name__}: {e}")
+    state = getattr(e, "sqlstate", "") or ""
+    if state.startswith("23"):
+        return peewee.IntegrityError(str(e))
+    if state.startswith(("08", "57", "53")):
+        return peewee.OperationalError(str(e))
+    return peewee.DatabaseError(str(e))
+
+
+class PostgresStore(SqlStore):
+    db: PgDatabase
+
+    TOKEN_TOTALS_SQL = (
+        "SELECT count(*), "
+        "coalesce(sum((payload_json::jsonb #>> '{tokens,input}')::bigint), 0)::bigint, "
+        "coalesce(sum((payload_json::jsonb #>> '{tokens,output}')::bigint), 0)::bigint, "
+        "count(*) - count((payload_json::jsonb #>> '{tokens,input}')::bigint) "
+        "FROM message WHERE kind = 'assistant'"
+    )
+    CALL_TURN_SQL = (
+        "SELECT turn_id FROM message WHERE conversation_id = ? AND kind = 'tool_call' "
+        "AND payload_json::jsonb ->> 'callId' = ? ORDER BY seq DESC LIMIT 1"
+    )
+
+    def __init__(self, db: PgDatabase) -> None:
+        self.db = db
+        (usage,) = models.for_agent(models.BackgroundUsage)
+        self._usage = cast(type[models.BackgroundUsage], usage)
+
+    def _page(
+        self, conversation_id: str, after_seq: int, offset: int, limit: int, max_bytes: int | None
+    ) -> Any:
+        # asyncpg fetches a whole result: the server cuts the page at max_bytes instead
+        if max_bytes is None:
+            return super()._page(conversation_id, after_seq, offset, limit, max_bytes)
+        return self.db.execute(_CUT_PAGE, (conversation_id, after_seq, limit, offset, max_bytes))
+
+    async def open(self) -> None:
+        await self.db.open(models.MODELS + models.OWNERSHIP_MODELS)
+        self.db.db.bind([self._usage])
+        await self.db.write(lambda: self.db.execute(_APPEND_ONLY))
+
+    async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
+        self.db.db.bind(models)
+
+        await self.db.write(lambda: self.db.db.create_tables(models, safe=True))
+        return cast(Database, self.db)  # the same read/write/execute
+
+    # --- many instances on one database (issue 26, item 2) --------------------------------
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        """This instance is alive for ``ttl`` more seconds (the database server's clock): one
+        statement a beat, whatever the number of conversations it owns."""
+        await self.db.write(lambda: self.db.execute(_HEARTBEAT, (instance, ttl)))
+
+    async def acquire(self, conversation_id: str, instance: str) -> Lease | None:
+        """The conversation's lease for ``instance`` (its own again: the same epoch; free or
+        its owner's heartbeat expired: taken, the epoch one more), or None while another live
+        instance holds it."""
+
+        def q() -> Lease | None:
+            row = self.db.execute(_ACQUIRE, (conversation_id, instance)).fetchone()
+            return None if row is None else Lease(conversation_id, instance, int(row[0]))
+
+        return await self.db.write(q)
+
+    async def release(self, lease: Lease) -> None:
+        """Give a conversation up (a stop): another instance takes it without waiting for this
+        one's heartbeat to expire."""
+        await self.db.write(
+            lambda: self.db.execute(_RELEASE, (lease.conversation_id, lease.owner, lease.epoch))
+        )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def fenced(lease: Lease) -> Iterator[None]:
+        """Every write of this task (and of the tasks it starts) inside the block is refused
+        with :class:`LeaseLost` once ``lease``'s epoch is over."""
+        token = FENCE.set(lease)
+        try:
+            yield
+        finally:
+            FENCE.reset(token)
+
+    async def claim_turn(self, instance: str) -> tuple[TurnRecord, Lease] | None:
+        """Claim the oldest queued turn this instance may run, once: in one transaction its
+        conversation's lease (taken or kept) and its move to ``running``. Two instances that
+        claim at once never get the same turn, nor two turns of one conversation."""
+
+        def q() -> tuple[TurnRecord, Lease] | None:
+            row = self.db.execute(_CLAIMABLE, (instance,)).fetchone()
+            if row is None:
+                return None
+            turn = self._turn_row(str(row[0]))
+            taken = self.db.execute(_ACQUIRE, (turn.user.conversation_id, instance)).fetchone()
+            if taken is None:  # its owner came back meanwhile
+                return None
+            lease = Lease(turn.user.conversation_id, instance, int(taken[0]))
+            self._move(turn.id, TurnUpdate(TurnState.RUNNING, turn.step))
+            return replace(turn, state=TurnState.RUNNING), lease
+
+        return await self.db.write(q)

@@ -1,0 +1,203 @@
+"""The PostgreSQL store beyond the store contract (tests/test_store_contract.py runs that on
+it): choosing it, its start-up messages, the audit log's guard, plugin tables through peewee's
+asyncio layer, and a write that outlives its cancelled caller. All on the throwaway server of
+tests/postgres.py (skipped without PostgreSQL). ``make test`` also runs the A2A, turn and
+``agentik serve`` modules with their agents on PostgreSQL (AGENTIK_TEST_DATABASE=postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import peewee
+import pytest
+
+from agentik.core.app import StartupError, make_store
+from agentik.core.models import BaseModel, for_agent
+from agentik.core.store.url import parse_database_url, shown_url
+from agentik.core.testing import make_app, running
+from tests.conftest import ROOT, free_port
+from tests.store_contract import conv, msg, send
+
+
+def store_on(url: str):
+    from agentik.core.store.postgres import PgDatabase, PostgresStore
+
+    return PostgresStore(PgDatabase(url))
+
+
+@pytest.fixture
+async def store(postgres_url):
+    """An opened PostgreSQL store on a fresh schema; closed after the test."""
+    opened = store_on(postgres_url)
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+class Note(BaseModel):
+    """A plugin's table, as plugins define theirs."""
+
+    id = peewee.AutoField()
+    key = peewee.TextField(unique=True)
+    count = peewee.IntegerField(default=0)
+    done = peewee.BooleanField(default=False)
+
+
+def test_the_url_is_checked_and_its_password_never_shown():
+    assert parse_database_url(" postgresql://a@h/db ") == "postgresql://a@h/db"
+    for bad in ("mysql://h/db", "h/db", "postgresql://h:port/db"):
+        with pytest.raises(ValueError):
+            parse_database_url(bad)
+    assert shown_url("postgresql://me:s3cret@h:5/db") == "postgresql://me:***@h:5/db"
+
+
+async def test_a_bad_url_stops_start_up_naming_the_variable():
+    with pytest.raises(Exception, match="AGENTIK_DATABASE_URL") as info:
+        make_app(env={"AGENTIK_DATABASE_URL": "sqlite:///x.db"})
+    assert "postgresql://" in str(info.value)
+
+
+async def test_an_unreachable_server_stops_start_up_naming_the_variable():
+    url = f"postgresql://me:s3cret@127.0.0.1:{free_port()}/agentik"
+    with pytest.raises(StartupError) as info:
+        async with running(make_app(env={"AGENTIK_DATABASE_URL": url})):
+            pass
+    text = str(info.value)
+    assert "AGENTIK_DATABASE_URL=postgresql://me:***@127.0.0.1" in text and "s3cret" not in text
+
+
+def test_the_driver_is_imported_only_when_the_url_names_postgresql():
+    code = (
+        "import sys; from agentik.core.testing import make_app; make_app(); "
+        "sys.exit(any(m in sys.modules for m in ('asyncpg', 'greenlet', 'playhouse.pwasyncio')))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+async def test_the_url_selects_the_postgresql_store(postgres_url):
+    from agentik.core.store.postgres import PostgresStore
+
+    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})) as agent:
+        assert isinstance(agent.store, PostgresStore)
+        conv_ = await agent.create_conversation()
+        assert (await agent.store.get_conversation(conv_.id)) is not None
+    settings = {"AGENTIK_DATABASE_URL": None, "AGENTIK_DB_PATH": ":memory:"}
+    assert type(make_store(settings)).__name__ == "SqliteStore"  # type: ignore[arg-type]
+
+
+async def test_the_audit_log_is_append_only(store):
+    await store.create_conversation(conv())
+    await send(store, "u1")
+    with pytest.raises(peewee.DatabaseError, match="append-only"):
+        await store.db.write(
+            lambda: store.db.execute("UPDATE message SET kind = 'x' WHERE id = ?", ("u1",))
+        )
+    assert [m.kind for m in await store.list_messages("c1", None, 0, 5)] == ["user"]
+
+
+async def test_a_plugins_peewee_table_works_and_a_unique_key_raises_peewees_error(store):
+    (model,) = for_agent(Note)
+    db = await store.add_models([model])
+    assert db is not None
+    await db.write(lambda: model.insert(key="a", count=1).execute())
+    await db.write(lambda: model.update(count=model.count + 1, done=True).execute())
+    row = await db.read(lambda: model.get(model.key == "a"))
+    assert (row.count, row.done) == (2, True)
+    with pytest.raises(peewee.IntegrityError):  # what a plugin catches on SQLite too
+        await db.write(lambda: model.insert(key="a").execute())
+    assert await db.read(lambda: model.select().count()) == 1  # the failed write rolled back
+    assert await store.add_models([model]) is not None  # a second start finds the table
+
+
+async def test_a_write_completes_though_its_caller_is_cancelled(store):
+    await store.create_conversation(conv())
+    writes = [
+        asyncio.ensure_future(store.append("c1", [msg(f"m{i}", "assistant")])) for i in range(20)
+    ]
+    await asyncio.sleep(0)  # they started
+    for w in writes:
+        w.cancel()
+    await asyncio.gather(*writes, return_exceptions=True)
+    await asyncio.sleep(0.5)
+    assert len(await store.list_messages("c1", None, 0, 50)) == 20
+    assert await store.count_conversations() == 1  # and the pool still serves
+
+
+async def test_many_requests_share_a_small_pool(postgres_url):
+    from agentik.core.store.postgres import PgDatabase, PostgresStore
+
+    store = PostgresStore(PgDatabase(postgres_url, pool_size=3))
+    await store.open()
+    try:
+        await store.create_conversation(conv())
+        await asyncio.gather(*(send(store, f"u{i}") for i in range(50)))
+        counts = await asyncio.gather(*(store.count_turns("c1") for _ in range(50)))
+        assert set(counts) == {50}
+    finally:
+        await store.close()
+
+
+async def test_background_usage_adds_up(store):
+    await store.add_background_usage("titles", "c1", 10, 2, False)
+    await store.add_background_usage("titles", None, 5, 1, True)
+    usage = (await store.background_usage())["titles"]
+    assert (usage.calls, usage.input, usage.output, usage.estimated) == (2, 15, 3, 1)
+
+
+async def test_only_a_durable_write_waits_for_the_servers_flush(store):
+    """As on SQLite: what a client was told is stored (the send) survives the server's power
+    loss; the turn's other writes survive a crash of agentik, at less cost."""
+
+    def setting() -> str:
+        return str(store.db.execute("SHOW synchronous_commit").fetchone()[0])
+
+    assert await store.db.write(setting, durable=True) == "on"
+    assert await store.db.write(setting) == "off"
+
+
+async def test_a_server_restart_fails_requests_as_storage_errors_then_they_recover():
+    """A request during the restart fails with peewee's OperationalError (the HTTP layer
+    answers 503 storage_unavailable, retry), never the ConnectionError of a client's hang-up;
+    after it the pool's dead connections are dropped and nothing stored is lost."""
+    from tests.postgres import start_server
+
+    server = start_server()
+    if isinstance(server, str):
+        pytest.skip(server)
+    store = store_on(server.fresh_url())
+    try:
+        await store.open()
+        await store.create_conversation(conv())
+        await send(store, "u1")
+        await asyncio.to_thread(server.restart)
+        outcomes = []
+        for i in range(5):
+            try:
+                await send(store, f"after{i}")
+                outcomes.append("ok")
+            except peewee.OperationalError:
+                outcomes.append("503")
+        assert outcomes[-1] == "ok" and set(outcomes) <= {"ok", "503"}, outcomes
+        assert (await store.get_turn("u1")) is not None
+        assert await store.count_turns("c1") == 1 + outcomes.count("ok")
+        server.stop()  # and while it is down
+        with pytest.raises(peewee.OperationalError):
+            await store.get_conversation("c1")
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_a_second_instance_on_the_same_schema_stops_naming_the_first(postgres_url):
+    """One instance per database for now, as on SQLite (conversation ownership is not used by
+    the agent yet): the second stops at start-up naming the first; once it stops, it starts."""
+    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})):
+        with pytest.raises(StartupError) as info:
+            async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})):
+                pass
+        assert "in use by another agentik (agentik pid" in str(info.value)
+        assert "AGENTIK_DATABASE_URL=" in str(info.value)
+    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})) as agent:
+        assert await agent.store.count_conversations() == 0

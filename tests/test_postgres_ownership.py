@@ -1,0 +1,126 @@
+"""Conversation ownership on PostgreSQL at the store's level (issue 26, item 2): an instance's
+heartbeat, a lease with an epoch per conversation, writes fenced by the epoch, queued turns
+claimed once. Each "instance" is a store of its own on one database, as two processes are."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentik.core.turns import TurnState, TurnUpdate
+from tests.store_contract import conv, msg, send
+
+
+@pytest.fixture
+async def stores(postgres_url):
+    from agentik.core.store.postgres import PgDatabase, PostgresStore
+
+    opened = []
+
+    async def start():
+        store = PostgresStore(PgDatabase(postgres_url, exclusive=False))
+        await store.open()
+        opened.append(store)
+        return store
+
+    yield start
+    for store in opened:
+        await store.close()
+
+
+async def test_a_lease_is_held_while_its_owner_beats_and_taken_over_after(stores):
+    a, b = await stores(), await stores()
+    await a.create_conversation(conv())
+    await a.heartbeat("A", 0.5)
+    await b.heartbeat("B", 30)
+    first = await a.acquire("c1", "A")
+    assert first is not None and first.epoch == 1
+    assert (await a.acquire("c1", "A")).epoch == 1  # its own again: the same epoch
+    assert await b.acquire("c1", "B") is None  # A is alive
+    await asyncio.sleep(0.7)  # A's heartbeat expired
+    taken = await b.acquire("c1", "B")
+    assert taken is not None and taken.epoch == 2
+    await a.heartbeat("A", 30)  # A comes back: the conversation is B's now
+    assert await a.acquire("c1", "A") is None
+    await b.release(taken)
+    assert (await a.acquire("c1", "A")).epoch == 1  # released: a new lease
+
+
+async def test_a_stale_owners_fenced_write_is_refused_and_stores_nothing(stores):
+    from agentik.core.store.postgres import LeaseLost
+
+    a, b = await stores(), await stores()
+    await a.create_conversation(conv())
+    await a.heartbeat("A", 0.3)
+    await b.heartbeat("B", 30)
+    lease_a = await a.acquire("c1", "A")
+    await send(a, "u1")
+    with a.fenced(lease_a):
+        await a.append("c1", [msg("a1", "assistant")], turn_id="u1",
+                       turn=TurnUpdate(TurnState.RUNNING, 1))  # fmt: skip
+    await asyncio.sleep(0.5)
+    lease_b = await b.acquire("c1", "B")
+    assert lease_b is not None and lease_b.epoch == lease_a.epoch + 1
+    with a.fenced(lease_a), pytest.raises(LeaseLost):  # A was stopped (SIGSTOP) and woke up
+        await a.append("c1", [msg("a2", "assistant")], turn_id="u1",
+                       turn=TurnUpdate(TurnState.DONE, 2))  # fmt: skip
+    with a.fenced(lease_a), pytest.raises(LeaseLost):
+        await a.fail_turn("c1", "u1", msg("e1", "error"))
+    assert [m.id for m in await b.list_messages("c1", None, 0, 10)] == ["u1", "a1"]
+    with b.fenced(lease_b):  # the new owner's writes go through
+        await b.append("c1", [msg("a3", "assistant")], turn_id="u1",
+                       turn=TurnUpdate(TurnState.DONE, 2))  # fmt: skip
+    assert (await b.get_turn("u1")).state is TurnState.DONE
+    await a.append("c1", [msg("x", "assistant")])  # an unfenced write (not a turn's) is taken
+
+
+async def test_queued_turns_are_claimed_once_in_each_conversations_order(stores):
+    instances = [await stores() for _ in range(3)]
+    first = instances[0]
+    for cid in ("a", "b", "c"):
+        await first.create_conversation(conv(cid))
+    for i in range(4):
+        for cid in ("a", "b", "c"):
+            await send(first, f"{cid}{i}", cid)
+    for n, s in enumerate(instances):
+        await s.heartbeat(f"I{n}", 30)
+    claimed: list[tuple[str, str]] = []
+
+    async def work(n: int) -> None:
+        store, me = instances[n], f"I{n}"
+        while True:
+            got = await store.claim_turn(me)
+            if got is None:
+                if not await first.open_turns():
+                    return
+                await asyncio.sleep(0.01)
+                continue
+            turn, lease = got
+            assert lease.owner == me and turn.state is TurnState.RUNNING
+            claimed.append((turn.id, me))
+            with store.fenced(lease):  # the turn runs, then ends
+                await store.append(turn.user.conversation_id, [msg(f"r-{turn.id}", "assistant",
+                                   cid=turn.user.conversation_id)], turn_id=turn.id,
+                                   turn=TurnUpdate(TurnState.DONE, 1))  # fmt: skip
+
+    await asyncio.wait_for(asyncio.gather(*(work(n) for n in range(3))), 30)
+    ids = [t for t, _ in claimed]
+    assert sorted(ids) == sorted(f"{c}{i}" for c in "abc" for i in range(4))  # each once
+    for cid in "abc":  # each conversation's turns in order, all by its one owner
+        mine = [(t, who) for t, who in claimed if t.startswith(cid)]
+        assert [t for t, _ in mine] == [f"{cid}{i}" for i in range(4)]
+        assert len({who for _, who in mine}) == 1
+    assert await first.open_turns() == []
+
+
+async def test_a_conversation_whose_owner_is_alive_is_not_claimed_by_another(stores):
+    a, b = await stores(), await stores()
+    await a.create_conversation(conv())
+    await a.heartbeat("A", 30)
+    await b.heartbeat("B", 30)
+    assert await a.acquire("c1", "A") is not None
+    await send(a, "u1")
+    assert await b.claim_turn("B") is None  # A owns c1: its queue is A's to run
+    turn, lease = await a.claim_turn("A")
+    assert (turn.id, lease.owner) == ("u1", "A")
