@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentik.hookspecs import hookimpl
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and editors
     from agentik.core.agent import ChatAgent, ChatConversation
@@ -57,6 +57,14 @@ if TYPE_CHECKING:  # what the lazy table below gives, for type checkers and edit
         check_category,
     )
     from agentik.core.models import for_agent
+    from agentik.core.observe import (
+        Observer,
+        Span,
+        TurnScope,
+        current_span,
+        trace_headers,
+        turn_scope,
+    )
     from agentik.core.oneshot import BadAnswer, ask_json, parse_json_answer, render_transcript
     from agentik.core.plugins import StartupError
     from agentik.core.protocol import Agent, Conversation
@@ -142,6 +150,10 @@ _WHERE = {
         "agentik.core.memory",
     ),
     "for_agent": "agentik.core.models",
+    **dict.fromkeys(
+        ["Observer", "Span", "TurnScope", "current_span", "trace_headers", "turn_scope"],
+        "agentik.core.observe",
+    ),
     **dict.fromkeys(
         ["BadAnswer", "ask_json", "parse_json_answer", "render_transcript"],
         "agentik.core.oneshot",
