@@ -304,3 +304,26 @@ async def test_approvals_of_a_missing_conversation_or_call_are_404(aiohttp_clien
     await answer(client, cid, "nope", 404, approve=True)
     r = await client.get("/agentik/conversations/conv-nope/approvals")
     assert r.status == 404
+
+
+async def test_run_turn_returns_at_the_wait_and_the_answer_finishes_the_turn():
+    """A plugin author's test: ``run_turn`` stops at the turn's ``Waiting`` (it does not hang to
+    its timeout), and after the approval the rest of the turn comes as usual."""
+    from agentik.core.testing import run_turn, started_agent
+
+    tools = Tools()
+    async with started_agent(
+        llm=ScriptedLLM([call("c1", target="moon")], ["launched"]),
+        plugins=[("tools", tools)],
+        builtins=APPROVALS,
+        env={"AGENTIK_TOOL_APPROVAL": "launch"},
+    ) as agent:
+        turn = await run_turn(agent, "go")
+        assert turn.waiting and turn.types[-2:] == ["ApprovalRequested", "Waiting"]
+        assert tools.ran == []
+        conv = turn.conversation
+        await conv.approve("c1")
+        await asyncio.wait_for(conv.wait_idle(), 10)
+        assert tools.ran == ["launch moon"]
+        last = (await conv.get_messages(limit=100))[-1]
+        assert last.kind == "assistant" and last.payload["text"] == "launched"

@@ -196,15 +196,22 @@ class Turn:
     def types(self) -> list[str]:
         return [e.type for e in self.events]
 
+    @property
+    def waiting(self) -> bool:
+        """The turn waits for answers from outside (its last event is ``Waiting``)."""
+        return self.events[-1].type == "Waiting"
 
-TURN_TIMEOUT = 10.0  # seconds run_turn waits for a turn's End
+
+TURN_TIMEOUT = 10.0  # seconds run_turn waits for a turn's End (or its Waiting)
 
 
 async def run_turn(target: ChatAgent | ChatConversation, text: str) -> Turn:
     """Send ``text`` (to a new conversation when given the agent), wait for the turn's ``End``
     (at most ``TURN_TIMEOUT`` seconds) and return its events and the history, oldest first.
     Turns already running or queued in the conversation finish first; the events are this
-    turn's own (not the conversation's ``UserMessage`` that announced it)."""
+    turn's own (not the conversation's ``UserMessage`` that announced it). A turn that waits
+    (a tool call held for approval, a front end's tool) returns at its ``Waiting`` event
+    (``turn.waiting``): answer it (``conversation.approve``), then read on."""
     conv = await target.create_conversation() if isinstance(target, ChatAgent) else target
     await asyncio.wait_for(conv.wait_idle(), TURN_TIMEOUT)
     after = conv.last_event_id
@@ -215,14 +222,15 @@ async def run_turn(target: ChatAgent | ChatConversation, text: str) -> Turn:
     async def read() -> None:
         async for item in items:
             seen.append(item.event)
-            if item.event.type == "End":
+            if item.event.type in ("End", "Waiting"):
                 return
 
     try:
         await asyncio.wait_for(read(), TURN_TIMEOUT)
     finally:
         await items.aclose()
-    await conv.wait_idle()
+    if seen[-1].type == "End":
+        await conv.wait_idle()
     return Turn(conv, seen, await conv.get_messages(limit=10_000))
 
 
