@@ -45,6 +45,8 @@ def _no_database_left_in_the_checkout() -> Iterator[None]:
         (ROOT / name).unlink()
     if made:
         pytest.fail(f"the test left {', '.join(made)} in the checkout", pytrace=False)
+
+
 # AGENTIK_TEST_DATABASE=postgres (`make test-postgres`): every agent the tests start keeps its
 # conversations on the throwaway PostgreSQL server (tests/postgres.py) instead of SQLite
 ON_POSTGRES = os.environ.get("AGENTIK_TEST_DATABASE", "").lower() in ("postgres", "postgresql")
