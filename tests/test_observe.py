@@ -215,3 +215,27 @@ async def test_without_observers_no_span_is_made_but_the_turn_scope_is_set(aioht
     assert span is None and turn.conversation.runner.span is None
     assert scope.turn_id == turn.history[0].id and scope.conversation_id == turn.conversation.id
     assert scope.transport is None and scope.trace_id is None
+    assert "trace" not in turn.history[0].payload  # nothing kept for a tracer that is not there
+
+
+async def test_the_senders_trace_context_is_kept_with_the_message_for_its_turn(
+    aiohttp_client, caplog
+):
+    class Sender(Observer):
+        def trace_context(self):
+            return {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
+    class Broken(Observer):
+        def trace_context(self):
+            raise RuntimeError("observer bug")
+
+    rec = Recorder()
+    app = make_app(plugins=[("o", Observing(Broken(), Sender(), rec))])
+    await aiohttp_client(app)
+    with caplog.at_level(logging.ERROR):
+        turn = await run_turn(app[AGENT], "hi")
+    kept = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    assert turn.history[0].payload["trace"] == kept  # stored: it outlives a restart
+    root = rec.spans[0]
+    assert root.kind == observe.TURN and root.trace_parent == kept and root.trace_links == ()
+    assert "observer Broken failed" in caplog.text and turn.text == "echo: hi"

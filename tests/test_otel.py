@@ -398,3 +398,65 @@ async def test_other_transports_hand_the_traceparent_to_their_turn(
     assert format_trace_id(root.context.trace_id) == TRACE_ID
     assert format_span_id(root.parent.span_id) == PARENT_ID
     assert root.attributes["agentik.transport"] == transport
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-process", "after-a-restart"])
+async def test_a_turn_that_waited_goes_on_in_the_senders_trace(
+    aiohttp_client, no_export, tmp_path, restart
+):
+    """Sent with one traceparent, held for approval, approved over HTTP with another (in a
+    restarted server too): both parts of the turn are in the sender's trace, and the part after
+    the wait links to the request that answered it."""
+    answer_trace, answer_parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    env = {
+        "AGENTIK_OTEL": "1",
+        "AGENTIK_TOOL_APPROVAL": "add",
+        "AGENTIK_DB_PATH": str(tmp_path / "agentik.db"),
+    }
+    builtins = (*TRACES, "agentik_approvals")
+    first, rest = [ToolCallRequest("c1", "add", '{"a": 1, "b": 2}')], ["three"]
+
+    def server(*steps):
+        app = make_app(
+            llm=ScriptedLLM(*steps), plugins=[("t", Tools())], builtins=builtins, env=env
+        )
+        return app, in_memory(app)
+
+    app, exporter = server(first, rest)
+    client = await aiohttp_client(app)
+    cid = await new_conversation(client)
+    await send(client, cid, "add them", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
+    for _ in range(200):
+        r = await client.get(f"/agentik/conversations/{cid}/approvals")
+        if (await r.json())["items"]:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the tool call never waited for approval")
+    before = list(exporter.get_finished_spans())
+    if restart:
+        await client.close()
+        app, exporter = server(rest)
+        client = await aiohttp_client(app)
+    r = await client.post(
+        f"/agentik/conversations/{cid}/approvals/c1",
+        json={"approve": True},
+        headers={"traceparent": f"00-{answer_trace}-{answer_parent}-01"},
+    )
+    assert r.status == 200, await r.text()
+    await (await app[AGENT].get_conversation(cid)).wait_idle()
+    after = [s for s in exporter.get_finished_spans() if s not in before]
+
+    (waited,) = [s for s in before if s.name == "invoke_agent agentik"]
+    (went_on,) = [s for s in after if s.name == "invoke_agent agentik"]
+    assert waited.attributes["agentik.outcome"] == "waiting" and not waited.links
+    assert went_on.attributes["agentik.outcome"] == "done"
+    for part in (waited, went_on):  # children of the request that sent the message
+        assert format_trace_id(part.context.trace_id) == TRACE_ID
+        assert format_span_id(part.parent.span_id) == PARENT_ID and part.parent.is_remote
+    (link,) = went_on.links  # ... and the part after the wait follows from the answer
+    assert format_trace_id(link.context.trace_id) == answer_trace
+    assert format_span_id(link.context.span_id) == answer_parent
+    tool = next(s for s in after if s.name == "execute_tool add")
+    assert tool.parent.span_id == went_on.context.span_id
+    assert {s.context.trace_id for s in after} == {waited.context.trace_id}

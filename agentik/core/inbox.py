@@ -57,6 +57,9 @@ class Inbox:
         self._cut: set[str] = set()  # turns a crash stopped while they ran
         self._cancel: str | None = None  # the waiting turn an interrupt ends
         self._answered: dict[str, TurnRecord] = {}  # answers that came while a run returned
+        #: the trace headers of the requests that answered a waiting turn, by turn (its span
+        #: links to them when it goes on; kept only while something observes)
+        self._answer_traces: dict[str, list[dict[str, str]]] = {}
         self._answering = asyncio.Lock()
         for record in open_turns:
             if record.state is TurnState.QUEUED:
@@ -98,6 +101,10 @@ class Inbox:
             payload["context"] = context.to_json()
         if via is not None:
             payload["via"] = via.to_json()
+        if self.conv.agent.observers:  # the turn, even resumed after a restart, joins its trace
+            trace = self.conv.agent.observers.trace_context()
+            if trace is not None:
+                payload["trace"] = trace
         msg = Message(new_id("msg"), self.conv.id, "user", utcnow(), payload)
         # shielded: once the write started, the turn is queued even if the caller goes away
         # (a client that disconnects before its 202)
@@ -164,7 +171,8 @@ class Inbox:
             cancel, self._cancel = record.id == self._cancel, None
             cut = record.id in self._cut
             self._cut.discard(record.id)
-            result = await conv.runner.run(record, cut=cut, cancel=cancel)
+            links = self._answer_traces.pop(record.id, ())
+            result = await conv.runner.run(record, cut=cut, cancel=cancel, trace_links=links)
             if result.state is TurnState.WAITING:
                 self.held = self._answered.pop(result.id, result)
         # once this worker is done, this conversation is idle and may be dropped too
@@ -223,6 +231,10 @@ class Inbox:
             except TurnStateError as e:  # ended meanwhile (an interrupt)
                 raise NotWaiting(str(e)) from None
             record = replace(record, state=state, waits=waits)
+            if self.conv.agent.observers:  # in the answering request's task
+                trace = self.conv.agent.observers.trace_context()
+                if trace is not None:
+                    self._answer_traces.setdefault(turn_id, []).append(trace)
             if held is not None or (self.held is None and not self.running):
                 self.held = record  # a turn of this conversation that waits in the store
             else:

@@ -101,8 +101,8 @@ class Observer:
     raises is logged and the work goes on. Keep per-span state in ``span.state[self]``."""
 
     def accepted(self, conversation: ChatConversation, message: Message) -> None:
-        """A send was stored and its turn queued (in the task of the request that sent it:
-        the place to read the request's context, e.g. its ``traceparent``)."""
+        """A send was stored and its turn queued (in the task of the request that sent it; a
+        request's trace headers for its turn come from :meth:`trace_context`)."""
 
     def start(self, span: Span) -> None:
         """``span`` started (its parent, if any, is ``span.parent``)."""
@@ -116,6 +116,14 @@ class Observer:
 
     def inject(self, span: Span, headers: dict[str, str]) -> None:
         """Add the propagation headers of an outgoing request made inside ``span``."""
+
+    def trace_context(self) -> dict[str, str] | None:
+        """The trace headers (W3C ``traceparent``, ``tracestate``) of the request being handled,
+        in its task; None: none. The core keeps them with what the request asks for — a sent
+        message's turn (stored with the message: they outlive a restart), an answer to a
+        waiting turn — and hands them back on the turn's span (``span.trace_parent``,
+        ``span.trace_links``), so that a turn that waited goes on in its trace."""
+        return None
 
 
 class Span:
@@ -133,6 +141,8 @@ class Span:
         "parent",
         "started",
         "state",
+        "trace_links",
+        "trace_parent",
     )
 
     def __init__(
@@ -151,6 +161,10 @@ class Span:
         self.ended: float | None = None
         self.error: str | None = None
         self._current = current
+        #: a root span's remote parent: the trace headers of the request that asked for it
+        self.trace_parent: dict[str, str] | None = None
+        #: the trace headers of other requests it follows from (the answers to a waiting turn)
+        self.trace_links: tuple[dict[str, str], ...] = ()
 
     @property
     def duration(self) -> float:
@@ -206,11 +220,16 @@ class Observers:
         *,
         root: bool = False,
         current: bool = True,
+        trace_parent: dict[str, str] | None = None,
+        trace_links: Iterable[dict[str, str]] = (),
     ) -> Span:
         """Open a span, child of the current one (``root``: of none). ``current=False``: it does
-        not become the parent of what this task opens next (work that runs beside it)."""
+        not become the parent of what this task opens next (work that runs beside it).
+        ``trace_parent``, ``trace_links``: trace headers kept from requests (see
+        :meth:`Observer.trace_context`)."""
         parent = None if root else _current.get()
         span = Span(self.all, kind, name, attributes or {}, parent, current)
+        span.trace_parent, span.trace_links = trace_parent, tuple(trace_links)
         if current:
             _current.set(span)
         for observer in self.all:
@@ -220,6 +239,16 @@ class Observers:
     def accepted(self, conversation: ChatConversation, message: Message) -> None:
         for observer in self.all:
             _safely(observer.accepted, conversation, message)
+
+    def trace_context(self) -> dict[str, str] | None:
+        """The current request's trace headers, as the observers tell them (None: none)."""
+        headers: dict[str, str] = {}
+        for observer in self.all:
+            try:
+                headers.update(observer.trace_context() or {})
+            except Exception:
+                log.exception("observer %s failed", type(observer).__name__)
+        return headers or None
 
 
 def _safely(method: Any, *args: Any) -> None:

@@ -79,15 +79,23 @@ class TurnRunner:
         self.span: Span | None = None  # the running turn's, when something observes
 
     async def run(
-        self, record: TurnRecord, *, cut: bool = False, cancel: bool = False
+        self,
+        record: TurnRecord,
+        *,
+        cut: bool = False,
+        cancel: bool = False,
+        trace_links: Sequence[dict[str, str]] = (),
     ) -> TurnRecord:
         """Run a turn (a new one, or one a crash or a wait left) until it ends or waits.
-        ``cut``: a crash stopped it while it ran; ``cancel``: end a waiting turn as interrupted.
+        ``cut``: a crash stopped it while it ran; ``cancel``: end a waiting turn as interrupted;
+        ``trace_links``: the trace headers of the requests that answered its waits.
         Returns the turn as it stands then."""
         self.turn = turn = Progress(record, cut)
         turn.compactions = self.conv.context.compactions
         self._interrupting, self._finishing = cancel, False
-        self.task = asyncio.create_task(self._run(turn, cancel), name=f"turn-{record.id}")
+        self.task = asyncio.create_task(
+            self._run(turn, cancel, trace_links), name=f"turn-{record.id}"
+        )
         try:
             await asyncio.wait([self.task])
             if not self.task.cancelled() and self.task.exception() is not None:
@@ -105,7 +113,9 @@ class TurnRunner:
         task.cancel()
         return True
 
-    async def _run(self, turn: Progress, cancel: bool) -> None:
+    async def _run(
+        self, turn: Progress, cancel: bool, trace_links: Sequence[dict[str, str]]
+    ) -> None:
         agent = self.conv.agent
         via = turn.record.user.payload.get("via")
         transport = via.get("transport") if isinstance(via, dict) else None
@@ -118,7 +128,16 @@ class TurnRunner:
                 TRANSPORT: transport,
                 INPUT_TEXT: turn.llm_text,
             }
-            self.span = agent.observers.start(TURN, f"{TURN} {agent.id}", attributes, root=True)
+            # in the trace of the request that sent the message, every part of the turn
+            trace = turn.record.user.payload.get("trace")
+            self.span = agent.observers.start(
+                TURN,
+                f"{TURN} {agent.id}",
+                attributes,
+                root=True,
+                trace_parent=trace if isinstance(trace, dict) else None,
+                trace_links=trace_links,
+            )
         agent.turn_started(self.conv.id)
         try:
             try:

@@ -1,11 +1,11 @@
 """The observer that turns agentik's spans into OpenTelemetry spans (GenAI conventions), and
-the middleware that keeps a request's ``traceparent`` for the turn it queues."""
+the middleware that keeps a request's ``traceparent`` for the turn it queues (the core stores
+it with the message: every part of the turn, even after a wait or a restart, joins its trace)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -16,7 +16,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode, format_trace_id
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, format_trace_id
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from agentik import __version__
@@ -32,7 +32,6 @@ CONTENT = {
     observe.TOOL_RESULT: "gen_ai.tool.call.result",
 }
 KINDS = {observe.CHAT: SpanKind.CLIENT}  # the others run in this process: INTERNAL
-PENDING = 10_000  # traceparents of queued turns kept at most (the oldest go first)
 
 #: the W3C trace headers of the request being handled (set by :func:`keep_traceparent`)
 _incoming: ContextVar[dict[str, str] | None] = ContextVar("agentik_traceparent", default=None)
@@ -66,8 +65,6 @@ class Tracing(Observer):
         self.provider = provider
         self.tracer = provider.get_tracer("agentik", __version__)
         self.capture = capture
-        #: the trace headers each queued turn was sent with, by turn id
-        self._parents: OrderedDict[str, dict[str, str]] = OrderedDict()
 
     @classmethod
     def from_environment(cls) -> Tracing:
@@ -85,20 +82,15 @@ class Tracing(Observer):
 
     # --- the observer -----------------------------------------------------------------------
 
-    def accepted(self, conversation: Any, message: Any) -> None:
-        carrier = _incoming.get()
-        if carrier is not None:
-            self._parents[message.id] = carrier
-            if len(self._parents) > PENDING:
-                self._parents.popitem(last=False)
+    def trace_context(self) -> dict[str, str] | None:
+        return _incoming.get()
 
     def start(self, span: Span) -> None:
         parent = span.parent.state.get(self) if span.parent is not None else None
         if parent is not None:
             context = trace.set_span_in_context(parent[0])
-        elif span.kind == observe.TURN:
-            carrier = self._parents.pop(span.attributes.get(observe.TURN_ID, ""), None)
-            context = _propagator.extract(carrier) if carrier else None
+        elif span.trace_parent:  # the request that sent the turn's message
+            context = _propagator.extract(span.trace_parent)
         else:
             context = None
         attributes = self._attributes(span.attributes)
@@ -111,6 +103,7 @@ class Tracing(Observer):
             context=context or trace.set_span_in_context(trace.INVALID_SPAN),
             kind=KINDS.get(span.kind, SpanKind.INTERNAL),
             attributes=attributes,
+            links=_links(span.trace_links),
         )
         span.state[self] = (otel, len(span.attributes))  # those it has now are set
         if span.kind == observe.TURN and (scope := observe.turn_scope.get()) is not None:
@@ -149,6 +142,16 @@ class Tracing(Observer):
                 continue
             out[key] = list(value) if isinstance(value, tuple) else value
         return out
+
+
+def _links(carriers: tuple[dict[str, str], ...]) -> list[Link]:
+    """Links to the requests a span follows from too (those that answered a waiting turn)."""
+    links = []
+    for carrier in carriers:
+        context = trace.get_current_span(_propagator.extract(carrier)).get_span_context()
+        if context.is_valid:
+            links.append(Link(context))
+    return links
 
 
 def _messages(key: str, text: str) -> str:
