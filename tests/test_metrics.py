@@ -103,3 +103,16 @@ async def test_metrics_off_serve_no_route_and_observe_nothing(aiohttp_client):
     client = await aiohttp_client(app)
     assert (await client.get("/metrics")).status == 404
     assert not app[AGENT].observers
+
+
+async def test_without_prometheus_client_start_up_says_what_to_install(monkeypatch):
+    import sys
+
+    import pytest
+
+    from agentik.api import StartupError
+
+    monkeypatch.setitem(sys.modules, "agentik_metrics.collector", None)  # the import fails
+    with pytest.raises(StartupError, match=r"pip install 'agentik-runtime\[metrics\]'"):
+        async with started_agent(env={"AGENTIK_METRICS": "1"}, builtins=("agentik_metrics",)):
+            pass

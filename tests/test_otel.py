@@ -460,3 +460,14 @@ async def test_a_turn_that_waited_goes_on_in_the_senders_trace(
     tool = next(s for s in after if s.name == "execute_tool add")
     assert tool.parent.span_id == went_on.context.span_id
     assert {s.context.trace_id for s in after} == {waited.context.trace_id}
+
+
+async def test_without_the_sdk_start_up_says_what_to_install(monkeypatch):
+    import sys
+
+    from agentik.api import StartupError
+
+    monkeypatch.setitem(sys.modules, "agentik_otel.tracing", None)  # the import fails
+    with pytest.raises(StartupError, match=r"pip install 'agentik-runtime\[otel\]'"):
+        async with started_agent(env={"AGENTIK_OTEL": "1"}, builtins=("agentik_otel",)):
+            pass

@@ -46,7 +46,15 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 def register_observers(register: Callable[..., None], agent: Any, settings: Settings) -> None:
     if not settings["AGENTIK_METRICS"]:
         return
-    from agentik_metrics.collector import Metrics
+    try:
+        from agentik_metrics.collector import Metrics
+    except ImportError as e:
+        from agentik.api import StartupError
+
+        raise StartupError(
+            "AGENTIK_METRICS=1 needs prometheus-client: "
+            f"pip install 'agentik-runtime[metrics]' ({e})"
+        ) from e
 
     metrics = agent.state[STATE] = Metrics(agent)
     register(metrics)

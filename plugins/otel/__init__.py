@@ -51,8 +51,16 @@ def register_settings(register: Callable[[Setting], None]) -> None:
 def register_observers(register: Callable[..., None], agent: Any, settings: Settings) -> None:
     if not enabled(settings):
         return
-    from agentik_otel.metrics import Metrics
-    from agentik_otel.tracing import Tracing, resource
+    try:
+        from agentik_otel.metrics import Metrics
+        from agentik_otel.tracing import Tracing, resource
+    except ImportError as e:
+        from agentik.api import StartupError
+
+        raise StartupError(
+            f"AGENTIK_OTEL (or OTEL_EXPORTER_OTLP_*) needs the OpenTelemetry SDK: "
+            f"pip install 'agentik-runtime[otel]' ({e})"
+        ) from e
 
     tracing = agent.state[STATE] = Tracing.from_environment()
     register(tracing)
