@@ -820,11 +820,10 @@ class Chat:
             try:
                 await self.conv.approve(waiting.call_id, args=args)
             except APIError as e:
-                if e.status != 400:
-                    self.say(f"[{e.message}]")
-                    return True
-                self.say(f"[{e.message}]")  # they do not fit the tool: ask again
-                continue
+                self.say(f"[{e.message}]")
+                if e.status == 400:  # they do not fit the tool: ask again
+                    continue
+                return True
             self.say(f"[approved with {json.dumps(args, ensure_ascii=False)}]")
             return True
 
