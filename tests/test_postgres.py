@@ -201,3 +201,46 @@ async def test_a_second_instance_on_the_same_schema_stops_naming_the_first(postg
         assert "AGENTIK_DATABASE_URL=" in str(info.value)
     async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})) as agent:
         assert await agent.store.count_conversations() == 0
+
+
+async def test_notifications_reach_every_listener_of_the_schema_and_survive_a_restart():
+    """Instances tell each other through the server: a notification reaches each listener on
+    the same schema (not another schema's); after the server restarts, the listener is opened
+    again and told it may have missed some (caught_up), and hears the next ones."""
+    from tests.postgres import start_server
+
+    server = start_server()
+    if isinstance(server, str):
+        pytest.skip(server)
+    url = server.fresh_url()
+    a, b, other = store_on(url), store_on(url), store_on(server.fresh_url())
+    a.db.exclusive = b.db.exclusive = False
+    heard: dict[str, list[str]] = {"a": [], "b": [], "other": []}
+    caught_up = asyncio.Event()
+    try:
+        for name, store in (("a", a), ("b", b), ("other", other)):
+            await store.open()
+            await store.db.listen("wake", heard[name].append, caught_up.set)
+        await a.db.notify("wake", "c1")
+        for _ in range(50):
+            if heard["a"] and heard["b"]:
+                break
+            await asyncio.sleep(0.02)
+        assert heard == {"a": ["c1"], "b": ["c1"], "other": []}
+        await asyncio.to_thread(server.restart)
+        await asyncio.wait_for(caught_up.wait(), 10)
+        for _ in range(100):  # the pool drops the connections the restart closed
+            try:
+                await a.db.notify("wake", "c2")
+                break
+            except peewee.OperationalError:
+                await asyncio.sleep(0.1)
+        for _ in range(50):
+            if "c2" in heard["b"]:
+                break
+            await asyncio.sleep(0.02)
+        assert heard["b"][-1] == "c2" and heard["other"] == []
+    finally:
+        for store in (a, b, other):
+            await store.close()
+        server.stop()

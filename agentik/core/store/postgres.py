@@ -206,9 +206,15 @@ class PgDatabase:
         self.exclusive = exclusive
         self._holder: asyncpg.Connection | None = None
         self._open = False
+        #: notification channels this process listens on: callback and "caught up" callback
+        self._channels: dict[str, tuple[Callable[[str], None], Callable[[], None] | None]] = {}
+        self._listener: asyncpg.Connection | None = None
+        self._relisten: asyncio.Task[None] | None = None
+        self.schema = "public"  # the schema the tables are in (channels are per database)
 
     async def open(self, tables: list[type[peewee.Model]]) -> None:
         conn = await self._connect()  # fails here, at start-up, when the server is unreachable
+        self.schema = str(await conn.fetchval("SELECT current_schema()"))
         if self.exclusive:
             await self._hold(conn)
         else:
@@ -245,7 +251,12 @@ class PgDatabase:
 
     async def close(self) -> None:
         self._open = False
+        if self._relisten is not None:
+            self._relisten.cancel()
         idle, self._idle = self._idle, []
+        if self._listener is not None:
+            idle.append(self._listener)
+            self._listener = None
         if self._holder is not None:  # last: the lock goes with its connection
             idle.append(self._holder)
             self._holder = None
@@ -266,12 +277,77 @@ class PgDatabase:
         """Drop every connection at once, as a crash of this process would: nothing more
         reaches the server (a transaction in flight is rolled back there)."""
         self._open = False
+        if self._relisten is not None:
+            self._relisten.cancel()
         idle, self._idle = self._idle, []
+        if self._listener is not None:
+            idle.append(self._listener)
+            self._listener = None
         if self._holder is not None:
             idle.append(self._holder)
             self._holder = None
         for conn in idle:
             conn.terminate()
+
+    # --- notifications between instances on one database ------------------------------------
+
+    def channel(self, name: str) -> str:
+        """The server's channel for ``name`` in this schema: channels are per database, and
+        instances on other schemas of it (tests, several agents) must not hear each other."""
+        return f"agentik {name} {self.schema}"[:63]
+
+    async def notify(self, name: str, payload: str = "") -> None:
+        """Tell every instance listening on ``name`` (this one too), now: outside a
+        transaction, so no write waits for it. Payloads are short (the server caps them at
+        8000 bytes): what changed is read from the tables."""
+        channel = self.channel(name)
+        await self.read(lambda: self.execute("SELECT pg_notify(?, ?)", (channel, payload)))
+
+    async def listen(
+        self,
+        name: str,
+        callback: Callable[[str], None],
+        caught_up: Callable[[], None] | None = None,
+    ) -> None:
+        """Call ``callback(payload)`` on the loop for each notification on ``name``. Delivery
+        is at most once: when the listening connection is lost, it is opened again (retrying
+        while the server is away) and ``caught_up()`` is called once it listens again, so the
+        listener reads what it may have missed from the tables."""
+        self._channels[name] = (callback, caught_up)
+        if self._listener is None:
+            self._listener = await self._listening()
+        else:
+            await self._listener.add_listener(self.channel(name), self._dispatch)
+
+    async def _listening(self) -> asyncpg.Connection:
+        conn = await self._connect()
+        conn.add_termination_listener(self._listener_lost)
+        for name in self._channels:
+            await conn.add_listener(self.channel(name), self._dispatch)
+        return conn
+
+    def _dispatch(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+        for name, (callback, _) in self._channels.items():
+            if self.channel(name) == channel:
+                callback(payload)
+
+    def _listener_lost(self, _conn: Any) -> None:
+        self._listener = None
+        if self._open and (self._relisten is None or self._relisten.done()):
+            self._relisten = asyncio.get_running_loop().create_task(self._listen_again())
+
+    async def _listen_again(self) -> None:
+        delay = 0.1
+        while self._open and self._listener is None:
+            try:
+                self._listener = await self._listening()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            for _, caught_up in list(self._channels.values()):
+                if caught_up is not None:
+                    caught_up()
 
     # ``fn`` runs in a greenlet that the queries suspend: each runs on a connection of its own
 
