@@ -98,12 +98,26 @@ def scalar(path: Any, sql: str) -> Any:
     return int(out.strip()) if out.strip().lstrip("-").isdigit() else out.strip()
 
 
+def rows(path: Any, sql: str) -> list[tuple[str, ...]]:
+    """The rows of a query read straight from a test's database, as :func:`scalar`; every
+    value as text (SQLite's are cast), so both databases give the same rows."""
+    if TestDatabases.current is None:
+        with sqlite3.connect(path) as raw:
+            return [tuple(str(v) for v in row) for row in raw.execute(sql).fetchall()]
+    url = TestDatabases.current.url(str(path))
+    schema = url.rsplit("search_path=", 1)[1]
+    out = TestDatabases.current.server.psql(
+        f"SET search_path TO {schema}; {sql}", "-F", "\x1f", "-R", "\x1e"
+    )
+    return [tuple(r.split("\x1f")) for r in out.rstrip("\n").split("\x1e") if r]
+
+
 @pytest.fixture(autouse=ON_POSTGRES)
 def test_databases(request, monkeypatch) -> TestDatabases | None:
     if not ON_POSTGRES:
         return None
     if request.node.get_closest_marker("sqlite_file"):
-        pytest.skip("looks into the SQLite file itself")
+        pytest.skip("needs SQLite itself (its file or its faults)")
     from agentik.core import app
     from agentik.core.store.postgres import PgDatabase, PostgresStore
 

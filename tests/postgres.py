@@ -103,10 +103,10 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
-    def psql(self, sql: str) -> str:
+    def psql(self, sql: str, *options: str) -> str:
         out = subprocess.run(
             [str(self.bin / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", self.url(),
-             "-c", sql],
+             *options, "-c", sql],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         return out.stdout

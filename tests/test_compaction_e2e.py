@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import json
 import signal
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from agentik.core.llm import SUMMARY_PREFIX
 from agentik.core.testing import make_app
 from agentik.core.types import TextPart
 from agentik_llm_openai.backend import OpenAIBackend
-from tests.conftest import read_sse
+from tests.conftest import read_sse, rows
 from tests.fake_openai import FakeOpenAI, Reply, echo, usage_of
 
 TOO_LONG = (
@@ -165,12 +164,12 @@ async def test_a_refused_context_is_compacted_once_and_the_step_retried(aiohttp_
 
 
 def memory_rows(db: Path, cid: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(db) as c:
-        return c.execute(
-            "SELECT order_idx, role, payload_json FROM working_memory WHERE conversation_id = ? "
-            "ORDER BY order_idx",
-            (cid,),
-        ).fetchall()
+    # cid: an id the server made (no quote in it)
+    return rows(
+        db,
+        "SELECT order_idx, role, payload_json FROM working_memory "
+        f"WHERE conversation_id = '{cid}' ORDER BY order_idx",
+    )
 
 
 class Client:

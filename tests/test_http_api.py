@@ -422,6 +422,7 @@ async def test_head_on_an_sse_endpoint_sends_headers_only(client):
         assert await asyncio.wait_for(r.read(), 3) == b""
 
 
+@pytest.mark.sqlite_file
 async def test_a_disk_failure_is_a_503_that_a_keyed_retry_completes(client, db_path, monkeypatch):
     """The fsync after the commit fails: 503 with Retry-After (not a 500), and the client's
     retry with the same key runs the message that was stored, once."""
@@ -487,6 +488,7 @@ async def test_a_history_page_ends_at_its_byte_budget_with_a_cursor(client):
     assert [m["id"] for m in by_offset] == [m["id"] for m in seen]
 
 
+@pytest.mark.sqlite_file
 async def test_storage_failures_log_one_line_per_kind_not_one_per_request(client, caplog):
     """A database that refuses writes (SQLite's own "readonly" error) while clients retry
     every second: each request gets its 503, and the log gets one line with the traceback,

@@ -321,7 +321,7 @@ async def _stream(
             )
         ]
         if snapshot and history is None:
-            history = await _history(conv)
+            history = await _history(conv, through=turn_id)
         if history is not None:
             first.append(MessagesSnapshotEvent(messages=history))
         if items is None:  # nothing to run: a snapshot, a retry, answers still missing
@@ -346,10 +346,16 @@ async def _stream(
     return resp
 
 
-async def _history(conv: ChatConversation) -> list[AguiMessage]:
+async def _history(conv: ChatConversation, through: str | None = None) -> list[AguiMessage]:
+    """The thread as AG-UI messages; with ``through`` (the run's turn) up to its user message:
+    what the turn adds comes as the run's events, even when it was quicker than this read."""
     records: list[Message] = []
     while True:
         page = await conv.get_messages(None, len(records), PAGE)
         records.extend(page)
+        cut = next((i for i, r in enumerate(page) if r.id == through), None)
+        if cut is not None:
+            del records[len(records) - len(page) + cut + 1 :]
+            return history_messages(records)
         if len(page) < PAGE:
             return history_messages(records)
