@@ -180,6 +180,7 @@ async def test_no_denies_and_a_task_asks_again_after_a_restart(serve, fake_opena
     assert runs(tmp_path) == []
 
 
+@pytest.mark.sqlite_file  # edits the task in the SQLite file, as the kill left it
 async def test_a_stop_before_the_task_asked_asks_after_the_restart(
     serve, fake_openai_proc, tmp_path
 ):

@@ -216,11 +216,11 @@ async def test_notifications_reach_every_listener_of_the_schema_and_survive_a_re
     a, b, other = store_on(url), store_on(url), store_on(server.fresh_url())
     a.db.exclusive = b.db.exclusive = False
     heard: dict[str, list[str]] = {"a": [], "b": [], "other": []}
-    caught_up = asyncio.Event()
+    caught_up = {name: asyncio.Event() for name in heard}
     try:
         for name, store in (("a", a), ("b", b), ("other", other)):
             await store.open()
-            await store.db.listen("wake", heard[name].append, caught_up.set)
+            await store.db.listen("wake", heard[name].append, caught_up[name].set)
         await a.db.notify("wake", "c1")
         for _ in range(50):
             if heard["a"] and heard["b"]:
@@ -228,7 +228,8 @@ async def test_notifications_reach_every_listener_of_the_schema_and_survive_a_re
             await asyncio.sleep(0.02)
         assert heard == {"a": ["c1"], "b": ["c1"], "other": []}
         await asyncio.to_thread(server.restart)
-        await asyncio.wait_for(caught_up.wait(), 10)
+        for event in caught_up.values():  # each listens again
+            await asyncio.wait_for(event.wait(), 10)
         for _ in range(100):  # the pool drops the connections the restart closed
             try:
                 await a.db.notify("wake", "c2")
