@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,13 +18,16 @@ from agentik_memory_md import backend as md
 from agentik_memory_md import notefile
 from agentik_memory_md.backend import MdMemory
 
+#: how often the tests' memories look for hand edits on a search (the default is a second)
+RECHECK = 0.02
+
 
 @pytest.fixture
 async def memory(tmp_path):
     memories: list[MdMemory] = []
 
     async def open_(folder: Path = tmp_path / "mem") -> MdMemory:
-        m = MdMemory(folder)
+        m = MdMemory(folder, recheck=RECHECK)
         await m.start()
         memories.append(m)
         return m
@@ -40,9 +44,11 @@ def notes_in(path: Path) -> list[Note]:
 
 
 def later(path: Path) -> None:
-    """Make sure a hand edit gets a new mtime even on coarse clocks."""
+    """Make sure a hand edit gets a new mtime even on coarse clocks, and that the next search
+    looks at the files (at most every ``recheck`` seconds)."""
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000))
+    time.sleep(RECHECK)
 
 
 async def test_a_saved_note_is_a_header_a_blank_line_and_the_body(memory, tmp_path):
@@ -309,3 +315,55 @@ async def test_uses_wait_in_the_index_until_the_file_changes(memory, tmp_path):
     assert await m.get(note.id) is None
     with sqlite3.connect(tmp_path / "mem" / md.INDEX) as db:
         assert db.execute("SELECT count(*) FROM usage").fetchone() == (0,)
+
+
+async def test_a_search_looks_for_hand_edits_at_most_every_recheck_seconds(tmp_path):
+    m = MdMemory(tmp_path / "mem", recheck=0.3)
+    await m.start()
+    try:
+        await m.save("user", "The user lives in Berlin.", "USER")
+        assert len(await m.search("Berlin", 5)) == 1  # looked at the files
+        path = tmp_path / "mem" / "user.md"
+        path.write_text(path.read_text().replace("Berlin", "Lisbon"))
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000))
+        assert await m.search("Lisbon", 5) == []  # within the interval: not looked at yet
+        await asyncio.sleep(0.3)
+        assert [n.text for n in await m.search("Lisbon", 5)] == ["The user lives in Lisbon."]
+        # anything but a search looks every time
+        path.write_text(path.read_text().replace("Lisbon", "Porto"))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 20_000_000))
+        assert [n.text for n in await m.list("user")] == ["The user lives in Porto."]
+    finally:
+        await m.close()
+
+
+async def test_uses_reach_the_index_together_after_the_flush_interval(
+    memory, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(md, "FLUSH_EVERY", 0.2)
+    m = await memory()
+    a = await m.save("user", "The user lives in Berlin.", "USER")
+    b = await m.save("world", "Berlin is in Germany.", "AGENT")
+    index = tmp_path / "mem" / md.INDEX
+
+    def stored() -> dict[str, int]:
+        with sqlite3.connect(index) as db:
+            return dict(db.execute("SELECT id, uses FROM usage").fetchall())
+
+    await m.mark_used([a.id, b.id])
+    await m.mark_used([a.id])
+    assert (await m.get(a.id)).uses == 2  # counted at once, in memory
+    assert stored() == {}  # the turn wrote nothing
+    await asyncio.sleep(0.3)
+    assert stored() == {a.id: 2, b.id: 1}  # one write for both turns
+    # a use folded into its file by a rewrite before the flush is not written back
+    await m.mark_used([b.id])
+    await m.save("world", "Paris is in France.", "AGENT")
+    await asyncio.sleep(0.3)
+    assert stored() == {a.id: 2}
+    assert [n.uses for n in notes_in(tmp_path / "mem" / "world.md")] == [2, 0]
+    # close() writes what waits
+    await m.mark_used([a.id])
+    await m.close()
+    assert stored() == {a.id: 3}

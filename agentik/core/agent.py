@@ -470,6 +470,13 @@ class ChatAgent:
         awaitables run at once, for at most ``before_turn_timeout`` seconds: context enrichment
         is best effort, so a failing or late plugin's block is left out, not the turn."""
         results = self._call_each("before_turn", conv, text=text)
+        pending = [i for i, (_, r) in enumerate(results) if inspect.isawaitable(r)]
+        if len(pending) == 1 and not self.observers:
+            # the usual case, one plugin's work (memory's prefetch): awaited in the turn's own
+            # task, not in a task of its own (that and asyncio.wait cost ~35 µs a turn)
+            plugin, work = results[pending[0]]
+            results[pending[0]] = (plugin, await self._before_turn_of(conv, plugin, work))
+            return "\n\n".join(str(result) for _, result in results if result)
         tasks = {
             i: asyncio.ensure_future(r)
             for i, (_, r) in enumerate(results)
@@ -489,13 +496,7 @@ class ChatAgent:
         for i, (plugin, result) in enumerate(results):
             task = tasks.get(i)
             if task is not None and task in late:
-                log.warning(
-                    "before_turn of plugin %s did not answer within %g s in %s "
-                    "(AGENTIK_BEFORE_TURN_TIMEOUT): the turn goes on without it",
-                    plugin,
-                    self.before_turn_timeout,
-                    conv.id,
-                )
+                self._late_before_turn(conv, plugin)
                 continue
             if task is not None:
                 error = task.exception()
@@ -506,6 +507,29 @@ class ChatAgent:
             if result:
                 blocks.append(str(result))
         return "\n\n".join(blocks)
+
+    async def _before_turn_of(self, conv: ChatConversation, plugin: str, work: Any) -> Any:
+        """One plugin's ``before_turn`` awaitable, for at most ``before_turn_timeout`` seconds;
+        None when it failed or was late (logged)."""
+        deadline = asyncio.timeout(self.before_turn_timeout)
+        try:
+            async with deadline:
+                return await work
+        except Exception as error:
+            if deadline.expired():
+                self._late_before_turn(conv, plugin)
+            else:
+                log_failure(f"before_turn of plugin {plugin} in {conv.id}", error)
+            return None
+
+    def _late_before_turn(self, conv: ChatConversation, plugin: str) -> None:
+        log.warning(
+            "before_turn of plugin %s did not answer within %g s in %s "
+            "(AGENTIK_BEFORE_TURN_TIMEOUT): the turn goes on without it",
+            plugin,
+            self.before_turn_timeout,
+            conv.id,
+        )
 
     def _observe_before_turn(self, conv: ChatConversation, plugin: str, task: Any) -> None:
         """A span for one plugin's ``before_turn`` work (memory prefetch), beside the others."""

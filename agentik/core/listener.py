@@ -12,8 +12,8 @@ minute instead of thousands.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
+import functools
 import gc
 import json
 import logging
@@ -320,20 +320,23 @@ def give_back_memory() -> None:
     (glibc's ``malloc_trim`` returns them). Without both a server's RSS stays at its peak after
     a burst of streams (B8)."""
     gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
+@functools.cache
 def _glibc() -> Any:
+    """glibc through ctypes, loaded at the first trim (``ctypes`` is 0.4 MiB of a bare
+    server's RSS, and most never trim)."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None)
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         return libc
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to give back this way
         return None
-
-
-_LIBC = _glibc()
 
 
 def _buffered(conn: RequestHandler) -> int:

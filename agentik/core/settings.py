@@ -7,7 +7,6 @@ one line naming the variable. Plugins never read ``os.environ`` themselves.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -220,6 +219,8 @@ def undeclared_variables(
         prefix = next((p for p in owners if var.startswith(p)), None)
         if prefix is None or var in names or var in skip:
             continue
+        import difflib  # only for a variable no plugin declares (0.2 MiB of idle RSS)
+
         match = difflib.get_close_matches(var, sorted(names), n=1)
         hint = f" (did you mean {match[0]}?)" if match else ""
         owner = f" ({prefix}* belongs to plugin {owners[prefix]})" if owners[prefix] else ""

@@ -3,14 +3,18 @@
 The files (``user.md``, ``world.md``, ``preference.md``) are the source of truth. The backend
 keeps them parsed in memory and indexed in ``.index.sqlite3`` beside them (its own cache: delete
 it and it is rebuilt). Every operation first compares each file's size, mtime and inode with
-what it last read, so a note edited, added or deleted by hand is seen by the next search; an
-unchanged file costs one ``stat``. Writes rewrite the whole file into a temporary file and
-rename it over the old one (never torn by a crash), one writer per file at a time.
+what it last read, so a note edited, added or deleted by hand is seen by the next call; an
+unchanged file costs one ``stat``. A search (each turn's prefetch) looks at most once every
+:data:`RECHECK_EVERY` seconds: a hand edit is seen by the first search after that. Writes
+rewrite the whole file into a temporary file and rename it over the old one (never torn by a
+crash), one writer per file at a time.
 
 Usage counters (``uses``, ``last_used``) change after every turn that was given notes: the
-uses counted since the file last said them wait in the index's ``usage`` table (one small
-write, no file rewrite), and are written into the file the next time it is rewritten for a
-change of its notes. A note's ``uses`` is what its header says plus what waits.
+uses counted since the file last said them wait in memory and in the index's ``usage`` table,
+and are written into the file the next time it is rewritten for a change of its notes. A
+note's ``uses`` is what its header says plus what waits. The turn itself writes nothing: the
+uses counted go to the index together at most :data:`FLUSH_EVERY` seconds later (and at
+``close``), so a killed process loses at most that last interval's counts.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +38,10 @@ from agentik_memory_md.notefile import Chunk
 log = logging.getLogger(__name__)
 
 INDEX = ".index.sqlite3"
+#: seconds between two looks of a search at the files for hand edits
+RECHECK_EVERY = 1.0
+#: seconds the uses counted wait in memory before they are written to the index together
+FLUSH_EVERY = 1.0
 Signature = tuple[int, int, int] | None  # (mtime_ns, size, inode); None: no file
 
 
@@ -116,8 +125,10 @@ class NoteFile:
 
 
 class MdMemory(MemoryBackend):
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, recheck: float = RECHECK_EVERY) -> None:
         self.folder = folder
+        self.recheck = recheck
+        self._next_check = 0.0  # time.monotonic() of a search's next look at the files
         self.files = {c: NoteFile(c, folder / f"{c}.md") for c in CATEGORIES}
         self._db: sqlite3.Connection | None = None
         self._notes: dict[str, Note] = {}
@@ -125,6 +136,8 @@ class MdMemory(MemoryBackend):
         self._by_rowid: dict[int, str] = {}
         self._next_rowid = 1
         self._usage: dict[str, Usage] = {}  # note id -> uses not in its file yet
+        self._unflushed: set[str] = set()  # ids whose usage changed in memory only
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -210,6 +223,7 @@ class MdMemory(MemoryBackend):
         for f in self.files.values():  # let writes in progress finish
             async with f.lock:
                 pass
+        self._flush()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -412,7 +426,10 @@ class MdMemory(MemoryBackend):
         return note
 
     async def search(self, query: str, limit: int) -> list[Note]:
-        self._sync()
+        now = time.monotonic()
+        if now >= self._next_check:  # not a stat of every file every turn
+            self._next_check = now + self.recheck
+            self._sync()
         wanted = terms.query_terms(query)
         if not wanted or limit <= 0:
             return []
@@ -460,12 +477,11 @@ class MdMemory(MemoryBackend):
         return await self._rewrite(self.files[note.category], change, reason) > 0
 
     async def mark_used(self, note_ids: Sequence[str]) -> None:
-        """Count a use in memory and in the index's ``usage`` table: one small write, the files
-        stay as they are (they get the count at their next rewrite). No look at the files:
-        a note edited away meanwhile keeps a count nothing reads (dropped at the next start)."""
+        """Count a use in memory; the index's ``usage`` table gets it with the others counted
+        within :data:`FLUSH_EVERY` seconds (one write), the files at their next rewrite. No look
+        at the files: a note edited away meanwhile keeps a count nothing reads (dropped at the
+        next start)."""
         now = datetime.now(UTC).replace(microsecond=0)
-        when = notefile.iso(now)
-        rows = []
         for note_id in dict.fromkeys(note_ids):
             note = self._notes.get(note_id)
             if note is None:
@@ -473,11 +489,30 @@ class MdMemory(MemoryBackend):
             before = self._usage.get(note_id)
             self._usage[note_id] = Usage((before.uses if before else 0) + 1, now)
             self._notes[note_id] = notefile.touched(note, now)
-            rows.append((note_id, self._usage[note_id].uses, when))
-        if rows:
-            db = self._db_()
-            db.executemany("INSERT OR REPLACE INTO usage VALUES (?, ?, ?)", rows)
-            db.commit()
+            self._unflushed.add(note_id)
+        if self._unflushed and self._flush_timer is None:
+            loop = asyncio.get_running_loop()
+            self._flush_timer = loop.call_later(FLUSH_EVERY, self._flush)
+
+    def _flush(self) -> None:
+        """Write the uses counted since the last flush to the index. What a rewrite folded into
+        its file (or a delete dropped) is no longer in ``_usage``: not written back."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        rows = [
+            (note_id, usage.uses, notefile.iso(usage.last_used))
+            for note_id in self._unflushed
+            if (usage := self._usage.get(note_id)) is not None
+        ]
+        self._unflushed.clear()
+        if rows and self._db is not None:
+            try:
+                db = self._db_()
+                db.executemany("INSERT OR REPLACE INTO usage VALUES (?, ?, ?)", rows)
+                db.commit()
+            except sqlite3.Error as e:  # the counts stay in memory, and reach the files
+                log.warning("memory: the uses counted could not be written to the index: %s", e)
 
     async def archive_stale(self, max_age: timedelta) -> int:
         self._sync()

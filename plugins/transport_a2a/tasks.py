@@ -6,6 +6,7 @@ imported at the first A2A call, or at start-up when a stop left tasks unfinished
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -43,6 +44,10 @@ class A2ATask(peewee.Model):
         table_name = "a2a_task"
 
 
+TASK_COLUMNS = ("id", "context_id", "conversation_id", "turn_id", "state", "task_json",
+                "created_at", "updated_at")  # fmt: skip
+
+
 class A2ATaskStatus(peewee.Model):
     """Each status a task was given and stored, in order (its status history)."""
 
@@ -58,6 +63,26 @@ class A2ATaskStatus(peewee.Model):
 def task_models() -> tuple[type[A2ATask], type[A2ATaskStatus]]:
     """This agent's subclasses of the two tables (:func:`agentik.core.models.for_agent`)."""
     return cast(tuple[type[A2ATask], type[A2ATaskStatus]], for_agent(A2ATask, A2ATaskStatus))
+
+
+class Prepared:
+    """One statement's SQL as peewee builds it for its model's database, built once and run
+    again with new values: building a query is ~0.3 ms of CPU, and a task is written twice a
+    turn. ``query`` is made with :func:`marks` for its values."""
+
+    def __init__(self, query: Any) -> None:
+        self.database = query.model._meta.database
+        self.sql, params = query.sql()
+        self.keys = [mark[1:] for mark in params]
+
+    def run(self, values: Mapping[str, str]) -> int:
+        """Rows it changed."""
+        return int(self.database.execute_sql(self.sql, [values[k] for k in self.keys]).rowcount)
+
+
+def marks(*keys: str) -> dict[str, str]:
+    """Each key's stand-in value: \\0 and the key (found again in the built query's params)."""
+    return {k: "\0" + k for k in keys}
 
 
 class StoredTask:
@@ -137,6 +162,19 @@ class TaskStore:
         self.core = core  # the agent's store: how its turns ended
         self.db, self.model, self.statuses = db, model, statuses
 
+    @functools.cached_property
+    def _insert_task(self) -> Prepared:
+        return Prepared(self.model.insert(**marks(*TASK_COLUMNS)))
+
+    @functools.cached_property
+    def _update_task(self) -> Prepared:
+        m = self.model
+        return Prepared(m.update(**marks("state", "task_json", "updated_at")).where(m.id == "\0id"))
+
+    @functools.cached_property
+    def _insert_status(self) -> Prepared:
+        return Prepared(self.statuses.insert(**marks("task_id", "state", "status_json")))
+
     async def insert(self, task: pb.Task, conversation_id: str, turn_id: str) -> None:
         now = utcnow().isoformat()
         row = {
@@ -150,10 +188,11 @@ class TaskStore:
             "updated_at": now,
         }
         status = status_row(task)
+        insert_task, insert_status = self._insert_task, self._insert_status
 
         def write() -> None:
-            self.model.insert(**row).execute()
-            self.statuses.insert(**status).execute()
+            insert_task.run(row)
+            insert_status.run(status)
 
         # committed before its id reaches the client (safe against a crash), and not waiting
         # for an fsync of its own: the message it answers is already on disk, and a task a
@@ -161,22 +200,28 @@ class TaskStore:
         # or gets a new one); the next durable write's fsync takes it to disk
         await self.db.write(write)
 
-    async def save(self, task: pb.Task, earlier: Sequence[dict[str, str]] = ()) -> None:
-        """Write the task (at an end: durably), after the ``earlier`` statuses it went through
-        in memory only (:func:`status_row`), into its status history."""
-        m = self.model
-        query = m.update(
-            state=_state(task.status.state),
-            task_json=_dump(task),
-            updated_at=utcnow().isoformat(),
-        ).where(m.id == task.id)
+    async def save(
+        self, task: pb.Task, earlier: Sequence[dict[str, str]] = (), *, durable: bool = True
+    ) -> None:
+        """Write the task, after the ``earlier`` statuses it went through in memory only
+        (:func:`status_row`), into its status history. ``durable=False``: committed without
+        waiting for an fsync of its own (an end that :meth:`A2AService.recover` settles again
+        from the audit log)."""
+        values = {
+            "id": task.id,
+            "state": _state(task.status.state),
+            "task_json": _dump(task),
+            "updated_at": utcnow().isoformat(),
+        }
         statuses = [*earlier, status_row(task)]
+        update_task, insert_status = self._update_task, self._insert_status
 
         def write() -> None:
-            if query.execute():  # a task that was never stored has no history either
-                self.statuses.insert_many(statuses).execute()
+            if update_task.run(values):  # a task that was never stored has no history either
+                for status in statuses:
+                    insert_status.run(status)
 
-        await self.db.write(write, durable=True)
+        await self.db.write(write, durable=durable)
 
     async def get(self, task_id: str) -> StoredTask | None:
         m = self.model
