@@ -720,3 +720,24 @@ def test_a_hand_written_chunk_is_what_the_sdk_writes():
         ours = json.loads(_artifact_json("t", "c", 'a"é', append, last, V03))
         model = conversions.to_compat_task_artifact_update_event(event)
         assert ours == compat03._dump(model)
+
+
+def test_chunks_read_together_go_out_as_one_update_with_the_same_text():
+    """A follower that fell behind reads several chunks at once: they go out as one artifact
+    update (one frame for all); a chunk read alone is an update of its own; the last one says
+    lastChunk."""
+    from a2a.types import a2a_pb2 as pb
+
+    from agentik_transport_a2a.service import TaskRun
+
+    run = TaskRun(pb.Task(id="t1", context_id="c1"), None, "u1")  # type: ignore[arg-type]
+    for chunk in ("Hel", "lo", " wor"):  # one read of the log
+        run.add_text(chunk)
+    run.read_all()
+    run.add_text("ld")  # the next read
+    run.read_all()
+    run.end_text()
+    updates = [u.value for u in run.updates if u.kind == "artifact_update"]
+    # (task, context, text, append, last)
+    assert updates == [("t1", "c1", "Hello wor", False, False), ("t1", "c1", "ld", True, True)]
+    assert run.reply() == "Hello world"

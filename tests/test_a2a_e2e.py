@@ -104,7 +104,8 @@ async def test_sdk_client_streams_gets_and_continues_a_context(serve, fake_opena
     try:
         events = [e async for e in client.send_message(message("hi"))]
         kinds = [e.WhichOneof("payload") for e in events]
-        assert kinds[0] == "task" and kinds.count("artifact_update") == 4
+        # 4 chunks: one update each, or fewer when they were read together (joined)
+        assert kinds[0] == "task" and 1 <= kinds.count("artifact_update") <= 4
         text = "".join(
             e.artifact_update.artifact.parts[0].text
             for e in events
@@ -384,7 +385,9 @@ async def test_a_turn_that_calls_a_tool_completes(serve, fake_openai_proc, tmp_p
     task = folded(events)
     assert task.status.state == pb.TASK_STATE_COMPLETED and reply_text(task) == SAVED
     chunks = [e.artifact_update for e in events if e.HasField("artifact_update")]
-    assert [c.last_chunk for c in chunks] == [False, False, True]
+    # the reply's chunks (joined when read together): the last one says so
+    assert chunks and [c.last_chunk for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert "".join(c.artifact.parts[0].text for c in chunks) == SAVED
     assert "Bruno" in (tmp_path / "memory" / "user.md").read_text()
 
     await script_tool_turn(fake_openai_proc)

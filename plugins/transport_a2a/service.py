@@ -12,7 +12,7 @@ import base64
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from agentik_transport_a2a.tasks import StoredTask, TaskStore, status_row
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent, ChatConversation
+    from agentik.core.events import StreamItem
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class TaskRun:
         self.updates: list[Update] = []
         self.text: list[str] = []  # the reply's chunks published so far: the partial artifact
         self.held: str | None = None  # the newest chunk, published with the next event
+        self.joining = False  # the chunks read now join the held one (see add_text)
         self.started = False  # its turn emitted its first event
         self.turn_over = False  # its turn emitted its End
         self.cancel_requested = False
@@ -123,10 +125,19 @@ class TaskRun:
 
     def add_text(self, chunk: str) -> None:
         """A chunk of the reply. It goes out when the next event comes, so that the final one
-        can carry ``lastChunk`` (:meth:`end_text`)."""
+        can carry ``lastChunk`` (:meth:`end_text`); chunks read together (published while the
+        follower was busy) go out as one update: the same text, one frame for all."""
         if self.held is not None:
+            if self.joining:
+                self.held += chunk
+                return
             self._publish_chunk(self.held, last=False)
         self.held = chunk
+        self.joining = True
+
+    def read_all(self) -> None:
+        """The follower read what had been published: the next chunk is an update of its own."""
+        self.joining = False
 
     def end_text(self) -> None:
         """The turn ended: its last chunk goes out marked ``lastChunk`` (an empty one when
@@ -495,13 +506,26 @@ class A2AService:
             task_id=task.id, context_id=task.context_id, status=task.status
         )
 
+    @staticmethod
+    async def _items(run: TaskRun, after: int) -> AsyncGenerator[StreamItem, None]:
+        """The turn's items, telling ``run`` where each read of the log ends (its chunks read
+        together are joined)."""
+        batches = run.conv.turn_batches(run.turn_id, after)
+        try:
+            async for batch in batches:
+                for item in batch:
+                    yield item
+                run.read_all()
+        finally:
+            await batches.aclose()
+
     async def _follow(self, run: TaskRun, after: int) -> None:
         task, conv = run.task, run.conv
         error: str | None = None
         interrupted = ended = lost = False
         earlier: list[dict[str, str]] = []  # statuses kept in memory: stored with the end
         try:
-            async for item in conv.turn_events(run.turn_id, after):
+            async for item in self._items(run, after):
                 event = item.event
                 if isinstance(event, Gap):
                     lost = True  # fell behind the replay buffer: the text comes from the log
