@@ -41,7 +41,8 @@ async def a2a_turn(s: Any, port: int, context_id: str, text: str) -> None:
         assert r.status == 200, r.status
         body = await r.read()
     chunks = body.count(b'"artifactUpdate"')
-    assert chunks == CHUNKS, (chunks, body[-300:])
+    # one update per chunk, or fewer: chunks the task's follower reads together are joined
+    assert 1 <= chunks <= CHUNKS, (chunks, body[-300:])
     assert b"TASK_STATE_COMPLETED" in body[-400:], body[-400:]
 
 
