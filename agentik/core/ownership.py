@@ -71,6 +71,10 @@ class Ownership:
     async def start(self) -> int:
         return 0
 
+    async def others_alive(self) -> bool:
+        """Whether other instances share the store now (a stop hands its turns to them)."""
+        return False
+
     async def hand_off(self) -> None:
         pass
 
@@ -220,6 +224,13 @@ class SharedOwnership(Ownership):
             self.agent.drop(conversation_id, deleted=True)
         elif op == "rename":
             self.agent.jobs.spawn(f"rename {conversation_id}", conv.reload_info())
+
+    async def others_alive(self) -> bool:
+        try:
+            return await self.store.others_alive(self.instance) > 0
+        except Exception as e:  # the server is away: nobody to hand anything to now
+            log.warning("could not see the other instances: %s", e)
+            return False
 
     async def hand_off(self) -> None:
         """A stop: the running turns were cut as a crash would cut them; every lease goes,

@@ -109,6 +109,11 @@ _GONE = (
     "(i.expires_at IS NULL OR i.expires_at <= now() "
     f"OR pg_try_advisory_xact_lock({_LIVE_KEY.format('l.owner')}))"
 )
+# the other instances alive now (beating, and their process lives)
+_OTHERS_ALIVE = (
+    "SELECT count(*) FROM agentik_instance WHERE id <> ? AND expires_at > now() "
+    f"AND NOT pg_try_advisory_xact_lock({_LIVE_KEY.format('id')})"
+)
 # sends to one conversation from several instances: stored one after the other
 _SERIALIZE_SENDS = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
@@ -598,6 +603,12 @@ class PostgresStore(SqlStore):
             yield
         finally:
             FENCE.reset(token)
+
+    async def others_alive(self, instance: str) -> int:
+        """How many other instances are alive now."""
+        return int(
+            await self.db.read(lambda: self.db.execute(_OTHERS_ALIVE, (instance,)).fetchone()[0])
+        )
 
     async def orphaned(self, instance: str) -> list[str]:
         """The conversations with turns to run (queued, or running) whose lease is free or
