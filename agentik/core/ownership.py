@@ -155,7 +155,7 @@ class SharedOwnership(Ownership):
 
     async def start(self) -> int:
         """Take up what no live instance runs (called once the tools are up), then beat and
-        sweep every third of the lease's time to live; returns how many conversations."""
+        sweep every third of the lease's time to live; returns how many turns."""
         count = await self.sweep()
         self.agent.jobs.every("heartbeat", self.ttl / 3, self._beat)
         return count
@@ -175,8 +175,8 @@ class SharedOwnership(Ownership):
                 break
             conv = await self.agent.get_conversation(conversation_id)
             if conv is not None and not conv.closed:
+                count += len(conv.inbox.queue) + (conv.inbox.held is not None)
                 conv.inbox.refresh(settle=True)
-                count += 1
         return count
 
     def _sweep_soon(self) -> None:

@@ -261,6 +261,8 @@ class PgDatabase:
     async def beat(self, sql: str, params: Sequence[Any], instance: str) -> None:
         """The heartbeat statement of ``instance``, on a connection of its own that holds the
         instance's session lock while this process lives (taken again after a reconnect)."""
+        if not self._open:  # closed, or terminated (a crash): never alive again
+            raise RuntimeError("the database is not open")
         conn = self._beating
         if conn is None or conn.is_closed():
             try:
