@@ -174,9 +174,17 @@ class SharedOwnership(Ownership):
             if self.agent.stopping:
                 break
             conv = await self.agent.get_conversation(conversation_id)
-            if conv is not None and not conv.closed:
-                count += len(conv.inbox.queue) + (conv.inbox.held is not None)
-                conv.inbox.refresh(settle=True)
+            if conv is None or conv.closed:
+                continue
+            if conv.inbox.running:  # its worker is taking the lease already
+                conv.inbox.refresh()
+                continue
+            if not await self.take(conversation_id):
+                continue  # another instance was first
+            lease = self.leases[conversation_id]
+            with self.store.fenced(lease):
+                # epoch 2 or more: it was taken from an owner that ended without a hand-over
+                count += await conv.inbox.take_over(unclean=lease.epoch > 1)
         return count
 
     def _sweep_soon(self) -> None:
