@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agentik.core import approvals
@@ -21,7 +20,7 @@ from agentik.core.approvals import APPROVAL
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.runner import RESTART_ERROR
 from agentik.core.store.base import LeaseLost
-from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError
 from agentik.core.types import (
     MAX_IMAGE_BYTES,
     ContentPart,
@@ -370,16 +369,13 @@ class Inbox:
                 approval = approvals.check(answer, wait, self.conv.agent.tools)
                 answer = approval.to_json()
                 records.append(approvals.answer_record(self.conv.id, wait, approval))
-            waits = tuple(
-                replace(w, answer=answer, answered=True) if w is wait else w for w in record.waits
-            )
-            state = TurnState.RUNNING if all(w.answered for w in waits) else TurnState.WAITING
-            update = TurnUpdate(state, record.step, waits)
-            try:
-                await self.conv.store.append(self.conv.id, records, turn_id=turn_id, turn=update)
-            except TurnStateError as e:  # ended meanwhile (an interrupt)
+            try:  # the turn as stored gets the answer (another instance may answer too)
+                record = await self.conv.store.answer_wait(
+                    self.conv.id, turn_id, call_id, answer, records
+                )
+            except TurnStateError as e:  # ended meanwhile (an interrupt), or answered
                 raise NotWaiting(str(e)) from None
-            record = replace(record, state=state, waits=waits)
+            state = record.state
             if self.conv.agent.observers:  # in the answering request's task
                 trace = self.conv.agent.observers.trace_context()
                 if trace is not None:

@@ -114,8 +114,8 @@ _OTHERS_ALIVE = (
     "SELECT count(*) FROM agentik_instance WHERE id <> ? AND expires_at > now() "
     f"AND NOT pg_try_advisory_xact_lock({_LIVE_KEY.format('id')})"
 )
-# sends to one conversation from several instances: stored one after the other
-_SERIALIZE_SENDS = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
+# sends and answers to one conversation from several instances: one after the other
+_SERIALIZE = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
 # if free or if its owner's heartbeat expired; no row: a live instance holds it
 _ACQUIRE = (
@@ -428,7 +428,7 @@ class PgDatabase:
         plugin's read-then-insert in one write sees no other write of this process between the
         two (an asyncio lock queues them: no pooled connection waits idle). Across instances a
         conversation's writes are serialized by its owner's lease (the fence, below) and its
-        sends by a lock on its row (PostgresStore._serialize_sends)."""
+        sends by a lock on its row (PostgresStore._serialize)."""
         return await asyncio.shield(self._write(fn, durable))
 
     async def _write(self, fn: Callable[[], T], durable: bool) -> T:
@@ -551,8 +551,8 @@ class PostgresStore(SqlStore):
         await self.db.create_tables(lambda: self.db.db.create_tables(models, safe=True))
         return cast(Database, self.db)  # the same read/write/execute
 
-    def _serialize_sends(self, conversation_id: str) -> None:
-        self.db.execute(_SERIALIZE_SENDS, (conversation_id,))
+    def _serialize(self, conversation_id: str) -> None:
+        self.db.execute(_SERIALIZE, (conversation_id,))
 
     def shared(self) -> SharedStore:
         return self
