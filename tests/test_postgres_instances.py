@@ -205,6 +205,8 @@ async def test_interrupt_through_a_non_owner_reaches_the_owners_turn(instances):
     await wait_until(lambda: ("long", "A") in room.ran)
     r = await b_client.get(f"/agentik/conversations/{cid}")
     assert (await r.json())["busy"] is True  # from the turn table: A runs it
+    listed = (await (await b_client.get("/agentik/conversations")).json())["items"]
+    assert [c["busy"] for c in listed if c["id"] == cid] == [True]
     r = await b_client.post(f"/agentik/conversations/{cid}/interrupt")
     assert (await r.json())["interrupted"] is True
     items = await replies(b_client, cid, 1)

@@ -436,6 +436,15 @@ class ChatAgent:
         conv = self._live.get(conversation_id)
         return conv is not None and conv.busy
 
+    async def busy_among(self, conversation_ids: Sequence[str]) -> set[str]:
+        """Which of these conversations are busy (:meth:`is_busy`), those another instance
+        runs too (from the store's turn table: one query)."""
+        busy = {c for c in conversation_ids if self.is_busy(c)}
+        elsewhere = [c for c in conversation_ids if not self.ownership.owns(c)]
+        if elsewhere:
+            busy |= await self.store.busy_conversations(elsewhere)
+        return busy
+
     def turns_under_way(self) -> bool:
         """Whether a user turn is queued or running in any conversation (they all share the
         one LLM backend); a waiting turn asks nothing of the model."""

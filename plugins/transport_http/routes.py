@@ -144,7 +144,8 @@ async def list_conversations(request: web.Request) -> web.Response:
     offset, limit = page_params(request)
     agent: ChatAgent = request.app[AGENT]
     infos = await agent.list_conversations(offset, limit + 1)
-    items = [conversation_json(i, agent.is_busy(i.id)) for i in infos[:limit]]
+    busy = await agent.busy_among([i.id for i in infos[:limit]])
+    items = [conversation_json(i, i.id in busy) for i in infos[:limit]]
     return web.json_response(
         {"items": items, "offset": offset, "limit": limit, "hasMore": len(infos) > limit}
     )

@@ -271,6 +271,10 @@ class Store(abc.ABC):
         the turn wrote (F2: a failed turn leaves nothing in working memory) and end the turn
         (``failed``, or ``cancelled`` for one taken out of the queue)."""
 
+    async def busy_conversations(self, conversation_ids: Sequence[str]) -> set[str]:
+        """Which of these conversations have turns not over (queued, running, waiting)."""
+        return {c for c in conversation_ids if await self.open_turns(c)}
+
     async def answer_wait(
         self,
         conversation_id: str,

@@ -447,6 +447,16 @@ class SqlStore(Store):
 
         await self.db.write(q)
 
+    async def busy_conversations(self, conversation_ids: Sequence[str]) -> set[str]:
+        if not conversation_ids:
+            return set()
+        sql = (
+            f"SELECT DISTINCT conversation_id FROM turn WHERE state IN ({_OPEN_SQL}) "
+            f"AND conversation_id IN ({', '.join('?' * len(conversation_ids))})"
+        )
+        params = (*_OPEN, *conversation_ids)
+        return await self.db.read(lambda: {str(r[0]) for r in self.db.execute(sql, params)})
+
     async def answer_wait(
         self,
         conversation_id: str,
