@@ -88,7 +88,13 @@ async def test_an_id_older_than_the_table_keeps_gets_a_gap(instances):
     full = await read_sse(on_a)
     shared = a.app[AGENT].shared_events
     await shared.flush()
-    shared.keep_seconds = 0.0  # the window closes on every row
+    persistence = "SELECT relpersistence::text FROM pg_class WHERE oid = 'agentik_event'::regclass"
+    assert await shared.db.read(lambda: shared.db.execute(persistence).fetchone()[0]) == "u"
+    count = "SELECT count(*) FROM agentik_event"
+    shared.keep_rows = 5  # beyond a count
+    await shared.prune()
+    assert await shared.db.read(lambda: shared.db.execute(count).fetchone()[0]) <= 5
+    shared.keep_seconds = 0.0  # and by age: the window closes on every row
     await shared.prune()
     resumed = await stream(b, cid, full[3]["id"])
     frames = await read_sse(resumed, until="Gap")

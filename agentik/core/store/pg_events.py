@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: one encoder for every event (``json.dumps`` with options builds one per call)
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
 #: the advisory lock the event table's writers take turns by (ids in commit order)
 EVENTS_LOCK = 7309372543
 INTERVAL = 0.02  # seconds: the most a batch waits before it goes out
@@ -84,9 +87,12 @@ _ID_BLOCKS = (
     f"MINVALUE 0 START WITH {EVENT_ID_BLOCK}"
 )
 _NEXT_BLOCK = "SELECT nextval('agentik_event_ids')"
+# one statement, its own transaction: the lock is taken before any row takes its id, and
+# held until the commit (a volatile CTE runs once, before the rows it is joined with)
 _INSERT = (
+    f"WITH locked AS (SELECT pg_advisory_xact_lock({EVENTS_LOCK})) "
     "INSERT INTO agentik_event (instance, stream, seq, turn_id, event) "
-    "SELECT ?::text, * FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[])"
+    "SELECT ?::text, e.* FROM locked, unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e"
 )
 _NEWEST = "SELECT coalesce(max(id), 0) FROM agentik_event"
 # the others' rows after the last read, and every agent-level row (this instance's too)
@@ -214,11 +220,9 @@ class PgEvents(SharedEvents):
             columns[0].append(stream)
             columns[1].append(seq if stream else None)
             columns[2].append(turn_id)
-            columns[3].append(json.dumps(event.to_json(), ensure_ascii=False))
+            columns[3].append(_dumps(event.to_json()))
         try:
-            await self.db.write_alone(
-                lambda: self.db.execute(_INSERT, (self.instance, *columns)), EVENTS_LOCK
-            )
+            await self.db.read(lambda: self.db.execute(_INSERT, (self.instance, *columns)))
         except Exception:
             self._pending[:0] = batch  # sent again, in order, with what came meanwhile
             raise
