@@ -126,6 +126,8 @@ class ChatAgent:
         self._events = EventLog(event_buffer, self.event_ids)
         #: how this instance shares events with the others on its database (None: alone)
         self.shared_events: SharedEvents | None = None
+        #: logs of conversations being loaded (many instances): the relay fills them already
+        self._loading: dict[str, SharedEventLog] = {}
         self.resume_queued = resume_queued
         self.resume_turns = resume_turns
         self._opened = self._closed = False
@@ -221,7 +223,9 @@ class ChatAgent:
         if not stream:
             return self._events if isinstance(self._events, SharedEventLog) else None
         conv = self._live.get(stream)
-        return conv.log if conv is not None and isinstance(conv.log, SharedEventLog) else None
+        if conv is None:
+            return self._loading.get(stream)
+        return conv.log if isinstance(conv.log, SharedEventLog) else None
 
     def event_log(self, info: ConversationInfo, start: int | None = None) -> EventLog:
         """A new event log for a conversation; on many instances one shared with the others
@@ -382,14 +386,29 @@ class ChatAgent:
                 turns = await self.store.open_turns(conversation_id)
         if info is None or conversation_id in self._deleting:
             return None
-        start = None
+        log = None
         if self.shared_events is not None and not info.is_temporal:
-            # its events go on from the newest any instance published (the relay brings them)
-            start = await self.shared_events.last_seq(conversation_id)
+            log = await self._load_event_log(self.shared_events, info)
         conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
         if conv is None:
-            conv = self._remember(ChatConversation(self, info, turns, self.event_log(info, start)))
+            conv = self._remember(ChatConversation(self, info, turns, log))
         return conv
+
+    async def _load_event_log(self, shared: SharedEvents, info: ConversationInfo) -> SharedEventLog:
+        """The log of a conversation loaded here, on many instances: its events go on from the
+        newest any instance published (the relay brings the next ones). The relay fills it
+        while that is read: nothing published meanwhile falls between the two."""
+        log = self._loading.get(info.id)
+        if log is None:
+            log = self._loading[info.id] = SharedEventLog(
+                self.event_buffer, self.event_ids, shared, info.id, 0
+            )
+        try:
+            log.begin_at(await shared.last_seq(info.id))
+        finally:
+            if self._loading.get(info.id) is log:
+                del self._loading[info.id]
+        return log
 
     def conversations_in_memory(self) -> list[ChatConversation]:
         """The conversations held in memory now (for metrics: their queues, their readers)."""

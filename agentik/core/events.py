@@ -301,6 +301,12 @@ class SharedEventLog(EventLog):
         self._items.append(StreamItem(seq, event, turn_id))
         self._wake()
 
+    def begin_at(self, seq: int) -> None:
+        """Loaded here: events of this stream up to ``seq`` were published before (the
+        database's newest then); what the relay brought meanwhile stays."""
+        self._floor = max(self._floor, seq)
+        self._seq = max(self._seq, seq)
+
     def skip_to(self, seq: int) -> None:
         """This instance becomes the stream's producer: its next id is above ``seq`` (the
         start of a block reserved now, above every id another instance gave it)."""

@@ -2,8 +2,10 @@
 
 Each instance publishes its conversations' events to its own readers at once, as a single
 instance does; a background flusher also writes them, at most every ``interval`` (20 ms), to
-the UNLOGGED table ``agentik_event`` (one INSERT a batch) and says so with one ``NOTIFY
-events`` (its instance id). Every instance listens: on a notification it reads the rows of the
+the UNLOGGED table ``agentik_event`` and says so with one ``NOTIFY`` on the ``events``
+channel (:meth:`PgDatabase.channel`, payload its instance id), both in one statement: the
+notification goes out with the INSERT's commit, a round trip less a batch than
+:meth:`PgDatabase.notify` after it. Every instance listens (:meth:`PgDatabase.listen`): on a notification it reads the rows of the
 others after the last it read and relays them to the logs it holds (a conversation held here,
 the agent's), with their ids. So a reader on B of a conversation A runs gets A's events ~20 ms
 late, and a reader resuming with a ``Last-Event-ID`` reads the rows after it (the replay).
@@ -88,11 +90,14 @@ _ID_BLOCKS = (
 )
 _NEXT_BLOCK = "SELECT nextval('agentik_event_ids')"
 # one statement, its own transaction: the lock is taken before any row takes its id, and
-# held until the commit (a volatile CTE runs once, before the rows it is joined with)
+# held until the commit (a volatile CTE runs once, before the rows it is joined with); the
+# NOTIFY (PgDatabase.channel's "events", this instance's id) goes out with the commit
 _INSERT = (
-    f"WITH locked AS (SELECT pg_advisory_xact_lock({EVENTS_LOCK})) "
+    f"WITH locked AS (SELECT pg_advisory_xact_lock({EVENTS_LOCK})), "
+    "told AS (SELECT pg_notify(?, ?)) "
     "INSERT INTO agentik_event (instance, stream, seq, turn_id, event) "
-    "SELECT ?::text, e.* FROM locked, unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e"
+    "SELECT ?::text, e.* FROM locked, told, "
+    "unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e"
 )
 _NEWEST = "SELECT coalesce(max(id), 0) FROM agentik_event"
 # the others' rows after the last read, and every agent-level row (this instance's too)
@@ -132,6 +137,7 @@ class PgEvents(SharedEvents):
         self.keep_rows = keep_rows
         self.prune_every = prune_every
         (self._model,) = for_agent(EventRow)
+        self._channel = ""  # the server's name of the "events" channel (PgDatabase.channel)
         #: published here, not written yet: (stream, seq, event, turn id)
         self._pending: list[tuple[str, int, Event, str | None]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -150,6 +156,7 @@ class PgEvents(SharedEvents):
     async def start(self, logs: Callable[[str], SharedEventLog | None]) -> int:
         self._logs = logs
         self.db.db.bind([self._model])
+        self._channel = self.db.channel("events")
 
         def create() -> int:
             self.db.db.create_tables([self._model], safe=True)
@@ -222,12 +229,12 @@ class PgEvents(SharedEvents):
             columns[2].append(turn_id)
             columns[3].append(_dumps(event.to_json()))
         try:
-            await self.db.read(lambda: self.db.execute(_INSERT, (self.instance, *columns)))
+            params = (self._channel, self.instance, self.instance, *columns)
+            await self.db.read(lambda: self.db.execute(_INSERT, params))
         except Exception:
             self._pending[:0] = batch  # sent again, in order, with what came meanwhile
             raise
         self.batches += 1
-        await self.db.notify("events", self.instance)
         if "" in columns[0]:  # agent-level events come back here from the table too
             self._read_soon()
 
