@@ -1,4 +1,4 @@
-"""B30: what sharing events between instances costs a streamed turn on PostgreSQL (issue 26).
+"""B31: what sharing events between instances costs a streamed turn on PostgreSQL (issue 26).
 
 Two agents in this process, each on a schema of its own on one throwaway PostgreSQL server
 (tests/postgres.py), built as ``create_app`` builds them: "off", one instance per schema
@@ -63,7 +63,7 @@ async def main(args: Any) -> dict[str, Any]:
 
     server = start_server()
     if isinstance(server, str):
-        return {"skipped": server}
+        return {"rows": [], "notes": [f"skipped: {server}"]}
     reps, n = common.repeats(args, 7, 2), 20 if args.quick else 50
     agents = {
         "off": await open_agent(server.fresh_url(), True),
