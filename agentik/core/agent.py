@@ -180,8 +180,9 @@ class ChatAgent:
         instances: above every id any instance issued), and the relay of the others' events."""
         shared = self.shared_events = self.store.shared_events(self.instance_id)
         if shared is not None:
-            newest = await shared.start(self._relayed_log)
-            self._events = AgentEventLog(self.event_buffer, self.event_ids, shared, "", newest)
+            # made first: the relay may bring events while it starts
+            self._events = AgentEventLog(self.event_buffer, self.event_ids, shared, "", 0)
+            self._events.begin_at(await shared.start(self._relayed_log))
             self.event_ids.high = max(self.event_ids.high, await self._reserve_block(shared))
             return
         issued = int(await self.store.read_state(EVENT_IDS) or 0)

@@ -5,10 +5,11 @@ instance does; a background flusher also writes them, at most every ``interval``
 the UNLOGGED table ``agentik_event`` and says so with one ``NOTIFY`` on the ``events``
 channel (:meth:`PgDatabase.channel`, payload its instance id), both in one statement: the
 notification goes out with the INSERT's commit, a round trip less a batch than
-:meth:`PgDatabase.notify` after it. Every instance listens (:meth:`PgDatabase.listen`): on a notification it reads the rows of the
-others after the last it read and relays them to the logs it holds (a conversation held here,
-the agent's), with their ids. So a reader on B of a conversation A runs gets A's events ~20 ms
-late, and a reader resuming with a ``Last-Event-ID`` reads the rows after it (the replay).
+:meth:`PgDatabase.notify` after it. Every instance listens (:meth:`PgDatabase.listen`): on a
+notification it reads the rows of the others after the last it read and relays them to the
+logs it holds (a conversation held here, the agent's), with their ids. So a reader on B of a
+conversation A runs gets A's events ~20 ms late, and a reader resuming with a
+``Last-Event-ID`` reads the rows after it (the replay).
 
 Ids: a conversation's come from blocks of the sequence ``agentik_event_ids`` (one ``nextval``
 a block, see :meth:`PgEvents.reserve_ids`); the agent stream's are the rows' own ids. Their
@@ -164,8 +165,9 @@ class PgEvents(SharedEvents):
             self.db.execute(_ID_BLOCKS)
             return int(self.db.execute(_NEWEST).fetchone()[0])
 
-        # under the lock: instances starting at once do not race their CREATE … IF NOT EXISTS
-        self._last = await self.db.write_alone(create, EVENTS_LOCK)
+        # a write (one at a time): instances starting at once do not race their CREATE … IF
+        # NOT EXISTS, as the store's own tables
+        self._last = await self.db.write(create)
         await self.db.listen("events", self._heard, self._read_soon)
         self._pruning = asyncio.get_running_loop().create_task(self._prune_now_and_then())
         return self._last

@@ -375,12 +375,6 @@ class PgDatabase:
         database an advisory lock, taken in the same round trip as ``BEGIN``."""
         return await asyncio.shield(self._write(fn, durable))
 
-    async def write_alone(self, fn: Callable[[], T], lock: int) -> T:
-        """Run ``fn`` in one transaction under the advisory lock ``lock`` only, beside the
-        store's writes (not queued behind them, nor they behind it): for a table no other
-        write touches, whose writers take turns by ``lock`` (the event relay's)."""
-        return await asyncio.shield(self._run(fn, f"BEGIN; SELECT pg_advisory_xact_lock({lock})"))
-
     async def _write(self, fn: Callable[[], T], durable: bool) -> T:
         fence = FENCE.get()
         if fence is not None:
