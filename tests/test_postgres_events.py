@@ -127,12 +127,13 @@ async def test_ids_grow_across_a_takeover_and_an_id_from_the_old_owner_stays_val
     on_a = await stream(a, cid)
     await send(a, cid)
     first = await read_sse(on_a)
-    agent_b = b.app[AGENT]
+    agent_a, agent_b = a.app[AGENT], b.app[AGENT]
+    lease = agent_a.ownership.leases.pop(cid)  # A gives the conversation up (its readers stay)
+    await agent_a.store.release(lease)
     conv = await agent_b.get_conversation(cid)
-    await agent_b.produce_events(conv)  # B takes the conversation over
     resumed = await stream(b, cid, first[-1]["id"])  # a client of A comes back through B
-    turn = await run_turn(conv, "again")
-    assert turn.text == "".join(TOKENS)
+    turn = await run_turn(conv, "again")  # B takes it over
+    assert agent_b.ownership.owns(cid) and turn.text == "".join(TOKENS)
     second = await read_sse(resumed)
     assert second[0]["event"] == "UserMessage" and second[-1]["event"] == "End"
     assert min(int(f["id"]) for f in second) > max(int(f["id"]) for f in first)

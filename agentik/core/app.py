@@ -359,6 +359,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         resume_turns=settings["AGENTIK_RESUME_TURNS"],
         background_idle=settings["AGENTIK_BACKGROUND_IDLE"],
         max_tool_rounds=settings["AGENTIK_MAX_TOOL_ROUNDS"],
+        lease_ttl=settings["AGENTIK_LEASE_TTL"],
         memory=memory,
         embedding=embeddings[0] if embeddings else None,
     )

@@ -165,9 +165,8 @@ class PgEvents(SharedEvents):
             self.db.execute(_ID_BLOCKS)
             return int(self.db.execute(_NEWEST).fetchone()[0])
 
-        # a write (one at a time): instances starting at once do not race their CREATE … IF
-        # NOT EXISTS, as the store's own tables
-        self._last = await self.db.write(create)
+        # one instance at a time: CREATE … IF NOT EXISTS races with itself
+        self._last = await self.db.create_tables(create)
         await self.db.listen("events", self._heard, self._read_soon)
         self._pruning = asyncio.get_running_loop().create_task(self._prune_now_and_then())
         return self._last
