@@ -154,3 +154,20 @@ async def test_a_stopping_instance_sends_what_it_had_not_sent(instances):
     assert shared.batches == sent
     await a.close()
     assert [f["event"] for f in await read_sse(on_b)][-1] == "End"
+
+
+async def test_a_send_through_b_runs_on_its_owner_a_and_b_streams_it(instances):
+    a, b = await instances(), await instances()
+    cid = await new_conv(a)
+    on_a = await stream(a, cid)
+    await send(a, cid)  # A runs it: A owns the conversation now
+    await read_sse(on_a)
+    await a.app[AGENT].shared_events.flush()  # B's "from now on" is what the table holds
+    on_b = await stream(b, cid)
+    await send(b, cid)  # stored through B; A announces and runs it
+    seen_b, seen_a = await read_sse(on_b), await read_sse(on_a)
+    kinds = [f["event"] for f in seen_b]
+    assert kinds[:2] == ["UserMessage", "StartResponse"] and kinds[-1] == "End"
+    assert seen_b[0]["data"]["via"] == {"transport": "http"}
+    assert seen_b == seen_a
+    assert a.app[AGENT].ownership.owns(cid) and not b.app[AGENT].ownership.owns(cid)
