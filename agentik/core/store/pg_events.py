@@ -98,7 +98,7 @@ _INSERT = (
     "told AS (SELECT pg_notify(?, ?)) "
     "INSERT INTO agentik_event (instance, stream, seq, turn_id, event) "
     "SELECT ?::text, e.* FROM locked, told, "
-    "unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e"
+    "unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e RETURNING id"
 )
 _NEWEST = "SELECT coalesce(max(id), 0) FROM agentik_event"
 # the others' rows after the last read, and every agent-level row (this instance's too)
@@ -231,13 +231,30 @@ class PgEvents(SharedEvents):
             columns[3].append(_dumps(event.to_json()))
         try:
             params = (self._channel, self.instance, self.instance, *columns)
-            await self.db.read(lambda: self.db.execute(_INSERT, params))
+            rows = await self.db.read(lambda: self.db.execute(_INSERT, params).fetchall())
         except Exception:
             self._pending[:0] = batch  # sent again, in order, with what came meanwhile
             raise
         self.batches += 1
         if "" in columns[0]:  # agent-level events come back here from the table too
+            self._own_agent_events(batch, sorted(row[0] for row in rows))
+
+    def _own_agent_events(
+        self, batch: list[tuple[str, int, Event, str | None]], ids: list[int]
+    ) -> None:
+        """This batch's agent-level events, in their order among every instance's. When its
+        rows came right after the last one relayed here (no other instance's between: ids are
+        taken in the batch's order, under the lock), they are relayed from memory; else the
+        table is read."""
+        reading = self._reading is not None and not self._reading.done()
+        if reading or not ids or ids[0] != self._last + 1 or ids[-1] - ids[0] != len(ids) - 1:
             self._read_soon()
+            return
+        self._last = ids[-1]
+        target = self._logs("")
+        for (stream, _, event, turn_id), row_id in zip(batch, ids, strict=True):
+            if not stream and target is not None:
+                target.relay(row_id, event, turn_id)
 
     # --- the relay -------------------------------------------------------------------------
 
@@ -266,7 +283,7 @@ class PgEvents(SharedEvents):
                 return
             for row_id, stream, seq, turn_id, raw in rows:
                 self._relay(stream, row_id if not stream else seq, turn_id, raw)
-                self._last = row_id
+                self._last = max(self._last, row_id)
             if len(rows) < 5000 and not self._read_again:
                 return
 
