@@ -171,3 +171,21 @@ async def test_a_send_through_b_runs_on_its_owner_a_and_b_streams_it(instances):
     assert seen_b[0]["data"]["via"] == {"transport": "http"}
     assert seen_b == seen_a
     assert a.app[AGENT].ownership.owns(cid) and not b.app[AGENT].ownership.owns(cid)
+
+
+async def test_agent_events_of_two_producers_come_in_one_order_everywhere(instances):
+    a, b = await instances(), await instances()
+    on_a, on_b = await stream(a, ""), await stream(b, "")
+    made = await asyncio.gather(*(new_conv(c) for _ in range(6) for c in (a, b)))
+
+    async def created(resp) -> list[dict]:
+        frames: list[dict] = []
+        while len(frames) < len(made):
+            frames += await read_sse(resp, until="ConversationCreated")
+        return frames
+
+    seen_a, seen_b = await created(on_a), await created(on_b)
+    assert seen_a == seen_b
+    assert sorted(f["data"]["conversationId"] for f in seen_a) == sorted(made)
+    ids = [int(f["id"]) for f in seen_a]
+    assert ids == sorted(ids)
