@@ -15,7 +15,8 @@ Ids: a conversation's come from blocks of the sequence ``agentik_event_ids`` (on
 a block, see :meth:`PgEvents.reserve_ids`); the agent stream's are the rows' own ids. Their
 writes take one advisory lock, so ids are in commit order: a reader after id N never misses a
 row committed later with a smaller one, and every instance relays the agent-level events in
-one order (the producer too: they come back to it from the table).
+one order (the producer too: its own come back to it from the table, or from memory when
+no other instance's rows came between).
 
 The table is a window: rows older than ``keep_seconds`` (5 minutes) or more than
 ``keep_rows`` (100 000) ids behind the newest are deleted every ``prune_every`` seconds (one
