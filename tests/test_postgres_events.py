@@ -52,6 +52,15 @@ async def stream(client, cid: str, after: str | None = None):
     return resp
 
 
+async def first_turn(client):
+    """A conversation with one turn run on ``client``'s instance: its id, a stream still open
+    on it, and the turn's frames."""
+    cid = await new_conv(client)
+    events = await stream(client, cid)
+    await send(client, cid)
+    return cid, events, await read_sse(events)
+
+
 async def test_a_reader_on_b_gets_a_turn_run_on_a_in_order_with_as_ids(instances):
     a, b = await instances(), await instances()
     cid = await new_conv(a)
@@ -68,10 +77,7 @@ async def test_a_reader_on_b_gets_a_turn_run_on_a_in_order_with_as_ids(instances
 
 async def test_a_last_event_id_from_a_resumes_on_b_without_loss_or_repeat(instances):
     a, b = await instances(), await instances()
-    cid = await new_conv(a)
-    on_a = await stream(a, cid)
-    await send(a, cid)
-    full = await read_sse(on_a)
+    cid, _, full = await first_turn(a)
     for cut in (full[5]["id"], full[0]["id"]):  # B loads the conversation, then holds it
         resumed = await stream(b, cid, cut)
         rest = await read_sse(resumed)
@@ -82,10 +88,7 @@ async def test_a_last_event_id_from_a_resumes_on_b_without_loss_or_repeat(instan
 
 async def test_an_id_older_than_the_table_keeps_gets_a_gap(instances):
     a, b = await instances(), await instances()
-    cid = await new_conv(a)
-    on_a = await stream(a, cid)
-    await send(a, cid)
-    full = await read_sse(on_a)
+    cid, _, full = await first_turn(a)
     shared = a.app[AGENT].shared_events
     await shared.flush()
     persistence = "SELECT relpersistence::text FROM pg_class WHERE oid = 'agentik_event'::regclass"
@@ -123,10 +126,7 @@ async def test_the_agent_stream_has_one_order_on_every_instance(instances):
 
 async def test_ids_grow_across_a_takeover_and_an_id_from_the_old_owner_stays_valid(instances):
     a, b = await instances(), await instances()
-    cid = await new_conv(a)
-    on_a = await stream(a, cid)
-    await send(a, cid)
-    first = await read_sse(on_a)
+    cid, on_a, first = await first_turn(a)
     agent_a, agent_b = a.app[AGENT], b.app[AGENT]
     lease = agent_a.ownership.leases.pop(cid)  # A gives the conversation up (its readers stay)
     await agent_a.store.release(lease)
@@ -158,10 +158,7 @@ async def test_a_stopping_instance_sends_what_it_had_not_sent(instances):
 
 async def test_a_send_through_b_runs_on_its_owner_a_and_b_streams_it(instances):
     a, b = await instances(), await instances()
-    cid = await new_conv(a)
-    on_a = await stream(a, cid)
-    await send(a, cid)  # A runs it: A owns the conversation now
-    await read_sse(on_a)
+    cid, on_a, _ = await first_turn(a)  # A ran it: A owns the conversation now
     await a.app[AGENT].shared_events.flush()  # B's "from now on" is what the table holds
     on_b = await stream(b, cid)
     await send(b, cid)  # stored through B; A announces and runs it
