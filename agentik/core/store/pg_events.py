@@ -56,6 +56,9 @@ KEEP_SECONDS = 300.0
 KEEP_ROWS = 100_000
 PRUNE_EVERY = 10.0
 RETRY = 1.0  # seconds before a failed batch goes out again
+#: events kept for the others while the database refuses them (the oldest go first: a reader
+#: elsewhere that resumes from one of them gets a Gap)
+MAX_PENDING = 100_000
 
 
 class _Timestamp(peewee.Field):
@@ -235,6 +238,10 @@ class PgEvents(SharedEvents):
             rows = await self.db.read(lambda: self.db.execute(_INSERT, params).fetchall())
         except Exception:
             self._pending[:0] = batch  # sent again, in order, with what came meanwhile
+            excess = len(self._pending) - MAX_PENDING
+            if excess > 0:
+                del self._pending[:excess]
+                log.warning("%d events were not sent to the other instances", excess)
             raise
         self.batches += 1
         if "" in columns[0]:  # agent-level events come back here from the table too
