@@ -11,6 +11,7 @@ import pytest
 
 from agentik.core.app import AGENT
 from agentik.core.testing import ScriptedLLM, make_app, run_turn
+from agentik.core.types import AppendText
 from tests.conftest import read_sse
 
 TEXT = [{"type": "text", "body": "hello"}]
@@ -186,3 +187,47 @@ async def test_agent_events_of_two_producers_come_in_one_order_everywhere(instan
     assert sorted(f["data"]["conversationId"] for f in seen_a) == sorted(made)
     ids = [int(f["id"]) for f in seen_a]
     assert ids == sorted(ids)
+
+
+async def test_events_published_while_the_database_restarts_reach_the_other_instance():
+    """A batch the server refused goes out again once it is back, in order; the other
+    instance's listener, opened again, reads what it missed."""
+    from agentik.core.agent import ChatAgent
+    from agentik.core.store.postgres import PgDatabase, PostgresStore
+    from tests.postgres import start_server
+
+    server = start_server()
+    if isinstance(server, str):
+        pytest.skip(server)
+    url, agents = server.fresh_url(), []
+    try:
+        for _ in range(2):
+            agent = ChatAgent(store=PostgresStore(PgDatabase(url)), llm=ScriptedLLM())
+            await agent.open()
+            agents.append(agent)
+        conv = await agents[0].create_conversation()
+        follower = await agents[1].get_conversation(conv.id)
+        texts = [f"before{i}" for i in range(3)] + [f"during{i}" for i in range(3)]
+        got: list[str] = []
+
+        async def read() -> None:
+            async for event in follower.events():
+                got.append(event.text)
+                if len(got) == len(texts):
+                    return
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0)
+        for text in texts[:3]:
+            conv.log.publish(AppendText(text))
+        restart = asyncio.ensure_future(asyncio.to_thread(server.restart))
+        await asyncio.sleep(0.05)  # going down
+        for text in texts[3:]:
+            conv.log.publish(AppendText(text))
+        await restart
+        await asyncio.wait_for(reader, 30)
+        assert got == texts
+    finally:
+        for agent in agents:
+            await agent.close()
+        server.stop()
