@@ -293,3 +293,22 @@ async def test_a_stop_hands_its_running_turn_to_another_instance(instances):
     assert [m["type"] for m in items] == ["user", "tool_call", "tool_result", "assistant"]
     assert tools.ran == ["launch moon"]  # recorded before the stop: never again
     assert [who for _, who in room.ran] == ["A", "A", "B"]
+
+
+async def test_a_killed_owners_turn_is_taken_over_before_its_heartbeat_expires(instances):
+    """kill -9: the server drops the dead instance's session lock at once, so the sweeper
+    (every third of the lease's 10 s) takes its conversation without waiting for the lease."""
+    room = instances.room
+    a_client, a = await instances("A")
+    b_client, _b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("stuck")
+    await send(a_client, cid, "stuck")
+    await wait_until(lambda: ("stuck", "A") in room.ran)
+    a.store.db.terminate()  # the process dies: nothing more of it reaches the server
+    for task in a.jobs._periodic:
+        task.cancel()
+    room.hang.discard("stuck")
+    await wait_until(lambda: ("stuck", "B") in room.ran, timeout=8)
+    items = await replies(b_client, cid, 1)
+    assert texts(items) == [("user", "stuck"), ("assistant", "echo: stuck")]

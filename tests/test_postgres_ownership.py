@@ -124,3 +124,23 @@ async def test_a_conversation_whose_owner_is_alive_is_not_claimed_by_another(sto
     assert await b.claim_turn("B") is None  # A owns c1: its queue is A's to run
     turn, lease = await a.claim_turn("A")
     assert (turn.id, lease.owner) == ("u1", "A")
+
+
+async def test_two_answers_to_one_step_through_two_instances_both_count(stores):
+    """Each instance reads the waiting turn and adds its answer: in one transaction with the
+    conversation's row locked, so the second sees the first's (never the last write wins)."""
+    from agentik.core.turns import Wait
+
+    a, b = await stores(), await stores()
+    await a.create_conversation(conv())
+    await send(a, "u1")
+    waits = (Wait("c1", "approval"), Wait("c2", "approval"))
+    await a.append("c1", turn_id="u1", turn=TurnUpdate(TurnState.WAITING, 1, waits))
+    first, second = await asyncio.gather(
+        a.answer_wait("c1", "u1", "c1", {"approve": True}),
+        b.answer_wait("c1", "u1", "c2", {"approve": False}),
+    )
+    stored = await a.get_turn("u1")
+    assert stored.state is TurnState.RUNNING
+    assert [(w.call_id, w.answered) for w in stored.waits] == [("c1", True), ("c2", True)]
+    assert {first.state, second.state} == {TurnState.WAITING, TurnState.RUNNING}

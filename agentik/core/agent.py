@@ -274,13 +274,13 @@ class ChatAgent:
         never closes them, even if the process is killed before it exits. A waiting turn waits
         on (it holds nothing).
 
-        Sharing the store with other instances, a stop hands its turns over instead: the
-        running ones are cut as a crash would cut them (no end recorded, no Interrupted), the
-        leases released and the others told: one of them resumes each from its last recorded
-        step, and its clients' streams go on there (Last-Event-ID)."""
+        Sharing the store with other instances alive now, a stop hands its turns over
+        instead: the running ones are cut as a crash would cut them (no end recorded, no
+        Interrupted), the leases released and the others told: one of them resumes each from
+        its last recorded step, and its clients' streams go on there (Last-Event-ID)."""
         self.stopping = True
         busy = [conv for conv in self._live.values() if conv.inbox.running]
-        shared = self.ownership.shared
+        shared = await self.ownership.others_alive()
         for conv in busy:
             if shared:
                 conv.runner.abandon()

@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agentik.core import approvals
@@ -21,7 +20,7 @@ from agentik.core.approvals import APPROVAL
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.runner import RESTART_ERROR
 from agentik.core.store.base import LeaseLost
-from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError
 from agentik.core.types import (
     MAX_IMAGE_BYTES,
     ContentPart,
@@ -70,7 +69,6 @@ class Inbox:
         self._answering = asyncio.Lock()
         self._reload = False  # the store holds turns of it this inbox has not taken up
         self._nudge = False  # ... that this instance stored: its owner must hear of them
-        self._settle = False  # ... found by the sweeper: the resume rules apply
         for record in open_turns:
             if record.state is TurnState.QUEUED:
                 self.queue.append(record)
@@ -171,16 +169,23 @@ class Inbox:
             return
         self.worker = asyncio.create_task(self._drain(), name=f"turns-{self.conv.id}")
 
-    def refresh(self, *, nudge: bool = False, settle: bool = False) -> None:
+    def refresh(self, *, nudge: bool = False) -> None:
         """The store holds turns of this conversation this inbox has not taken up (stored by
         another instance, answered there, or left by an owner that is gone): the worker takes
         the lease and takes them up, between two turns. ``nudge``: this instance stored them,
-        and tells the owner if another instance is one; ``settle``: the sweeper found them (the
-        resume rules apply)."""
+        and tells the owner if another instance is one."""
         self._reload = True
         self._nudge |= nudge
-        self._settle |= settle
         self.start()
+
+    async def take_over(self, *, unclean: bool) -> int:
+        """The sweeper took this conversation's lease (no worker runs here): the resume rules
+        for what its last owner left (``unclean``: it ended without handing it over, so its
+        first queued turn may have started), then its turns run; returns how many will."""
+        turns = await self._settle_turns(await self.conv.store.open_turns(self.conv.id), unclean)
+        await self._take_up(turns)
+        self.start()
+        return sum(t.state is not TurnState.WAITING for t in turns)
 
     def _holding(self) -> bool:
         """A waiting turn holds the line (and no interrupt is ending it)."""
@@ -195,7 +200,7 @@ class Inbox:
                 # another instance runs its turns: what this one holds of them is stale
                 if self._nudge:
                     ownership.wake(conv.id)
-                self._reload = self._nudge = self._settle = False
+                self._reload = self._nudge = False
                 self.queue.clear()
                 self.held = None
                 self._cut.clear()
@@ -234,7 +239,7 @@ class Inbox:
             if result.state is TurnState.WAITING:
                 self.held = self._answered.pop(result.id, result)
 
-    async def _take_up(self) -> None:
+    async def _take_up(self, turns: list[TurnRecord] | None = None) -> None:
         """Take this conversation's open turns as the store has them, between two turns (none
         runs here): its queue in the store's order (deduplicated by id: sends this instance
         took meanwhile come after), the turn at its head that holds the line (answered
@@ -242,11 +247,10 @@ class Inbox:
         and a ``UserMessage`` for each send another instance took (this one produces the
         conversation's events)."""
         conv = self.conv
-        settle, self._settle, self._reload = self._settle, False, False
+        self._reload = False
         before = {r.id for r in self.queue}
-        turns = await conv.store.open_turns(conv.id)
-        if settle:
-            turns = await self._settle_turns(turns)
+        if turns is None:
+            turns = await conv.store.open_turns(conv.id)
         stored = {t.id for t in turns}
         local = {r.id for r in self.queue}
         # sends taken here during the read come after; those that were queued here and are
@@ -265,16 +269,19 @@ class Inbox:
             if record.id not in local:
                 self._announce(record)
 
-    async def _settle_turns(self, turns: list[TurnRecord]) -> list[TurnRecord]:
-        """The resume rules for turns an owner that is gone left: a running one resumes unless
-        ``resume_turns`` is off, a queued one runs unless ``resume_queued`` is off; the others
-        end with a ``restart`` Error record."""
+    async def _settle_turns(self, turns: list[TurnRecord], unclean: bool) -> list[TurnRecord]:
+        """The resume rules (as a restart's, ChatAgent.open) for the turns an owner that is
+        gone left: a running one — and after an ``unclean`` end the first queued one, which may
+        have started before its first step was stored — resumes unless ``resume_turns`` is off,
+        a queued one runs unless ``resume_queued`` is off; the others end with a ``restart``
+        Error record."""
         agent = self.conv.agent
         if agent.resume_turns and agent.resume_queued:
             return turns
         kept = []
-        for t in turns:
-            resumed = agent.resume_turns if t.state is TurnState.RUNNING else agent.resume_queued
+        for i, t in enumerate(turns):
+            ran = t.state is TurnState.RUNNING or (i == 0 and unclean)
+            resumed = agent.resume_turns if ran else agent.resume_queued
             if t.state is TurnState.WAITING or resumed:
                 kept.append(t)
                 continue
@@ -362,16 +369,13 @@ class Inbox:
                 approval = approvals.check(answer, wait, self.conv.agent.tools)
                 answer = approval.to_json()
                 records.append(approvals.answer_record(self.conv.id, wait, approval))
-            waits = tuple(
-                replace(w, answer=answer, answered=True) if w is wait else w for w in record.waits
-            )
-            state = TurnState.RUNNING if all(w.answered for w in waits) else TurnState.WAITING
-            update = TurnUpdate(state, record.step, waits)
-            try:
-                await self.conv.store.append(self.conv.id, records, turn_id=turn_id, turn=update)
-            except TurnStateError as e:  # ended meanwhile (an interrupt)
+            try:  # the turn as stored gets the answer (another instance may answer too)
+                record = await self.conv.store.answer_wait(
+                    self.conv.id, turn_id, call_id, answer, records
+                )
+            except TurnStateError as e:  # ended meanwhile (an interrupt), or answered
                 raise NotWaiting(str(e)) from None
-            record = replace(record, state=state, waits=waits)
+            state = record.state
             if self.conv.agent.observers:  # in the answering request's task
                 trace = self.conv.agent.observers.trace_context()
                 if trace is not None:

@@ -71,6 +71,10 @@ class Ownership:
     async def start(self) -> int:
         return 0
 
+    async def others_alive(self) -> bool:
+        """Whether other instances share the store now (a stop hands its turns to them)."""
+        return False
+
     async def hand_off(self) -> None:
         pass
 
@@ -154,7 +158,7 @@ class SharedOwnership(Ownership):
 
     async def start(self) -> int:
         """Take up what no live instance runs (called once the tools are up), then beat and
-        sweep every third of the lease's time to live; returns how many conversations."""
+        sweep every third of the lease's time to live; returns how many turns."""
         count = await self.sweep()
         self.agent.jobs.every("heartbeat", self.ttl / 3, self._beat)
         return count
@@ -173,9 +177,17 @@ class SharedOwnership(Ownership):
             if self.agent.stopping:
                 break
             conv = await self.agent.get_conversation(conversation_id)
-            if conv is not None and not conv.closed:
-                conv.inbox.refresh(settle=True)
-                count += 1
+            if conv is None or conv.closed:
+                continue
+            if conv.inbox.running:  # its worker is taking the lease already
+                conv.inbox.refresh()
+                continue
+            if not await self.take(conversation_id):
+                continue  # another instance was first
+            lease = self.leases[conversation_id]
+            with self.store.fenced(lease):
+                # epoch 2 or more: it was taken from an owner that ended without a hand-over
+                count += await conv.inbox.take_over(unclean=lease.epoch > 1)
         return count
 
     def _sweep_soon(self) -> None:
@@ -223,6 +235,13 @@ class SharedOwnership(Ownership):
             self.agent.drop(conversation_id, deleted=True)
         elif op == "rename":
             self.agent.jobs.spawn(f"rename {conversation_id}", conv.reload_info())
+
+    async def others_alive(self) -> bool:
+        try:
+            return await self.store.others_alive(self.instance) > 0
+        except Exception as e:  # the server is away: nobody to hand anything to now
+            log.warning("could not see the other instances: %s", e)
+            return False
 
     async def hand_off(self) -> None:
         """A stop: the running turns were cut as a crash would cut them; every lease goes,

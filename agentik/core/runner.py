@@ -190,6 +190,7 @@ class TurnRunner:
             # conversation deleted): nothing more to record
             log.warning("turn %s of %s ended elsewhere: %s", turn.id, self.conv.id, e)
             if not turn.ended:
+                self._emit(Error(f"the turn was ended elsewhere: {e}", "ended_elsewhere"))
                 self._end(turn)
         except Exception as e:
             # even the end could not be recorded (a full disk): the agent writes the turn's

@@ -14,7 +14,7 @@ The three others are final. :func:`check_move` is the one place that says which 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -125,6 +125,18 @@ class TurnRecord:
         if self.waits:
             out["waits"] = [w.to_json() for w in self.waits]
         return out
+
+
+def answered(turn: TurnRecord, call_id: str, answer: Any) -> TurnRecord:
+    """``turn`` with the wait of ``call_id`` answered: ``running`` once every wait of its step
+    is, else still ``waiting``. :class:`TurnStateError` when it is not waiting for that
+    answer (over, running, or answered already)."""
+    wait = next((w for w in turn.waits if w.call_id == call_id), None)
+    if turn.state is not TurnState.WAITING or wait is None or wait.answered:
+        raise TurnStateError(f"turn {turn.id} does not wait for an answer to {call_id}")
+    waits = tuple(replace(w, answer=answer, answered=True) if w is wait else w for w in turn.waits)
+    state = TurnState.RUNNING if all(w.answered for w in waits) else TurnState.WAITING
+    return replace(turn, state=state, waits=waits)
 
 
 def waits_json(waits: tuple[Wait, ...]) -> list[dict[str, Any]] | None:

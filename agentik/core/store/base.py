@@ -19,7 +19,7 @@ import peewee
 from agentik.core.db import Database
 from agentik.core.events import SharedEvents
 from agentik.core.llm import HistoryItem
-from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate, answered
 from agentik.core.types import ConversationInfo, Message
 
 
@@ -82,6 +82,7 @@ class SharedStore(Protocol):
     async def release(self, lease: Lease) -> None: ...
     def fenced(self, lease: Lease | None) -> contextlib.AbstractContextManager[None]: ...
     async def orphaned(self, instance: str) -> list[str]: ...
+    async def others_alive(self, instance: str) -> int: ...
     async def notify(self, name: str, payload: str = "") -> None: ...
     async def listen(
         self,
@@ -270,6 +271,27 @@ class Store(abc.ABC):
         """In one transaction: append the turn's Error record, drop the working-memory entries
         the turn wrote (F2: a failed turn leaves nothing in working memory) and end the turn
         (``failed``, or ``cancelled`` for one taken out of the queue)."""
+
+    async def answer_wait(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        call_id: str,
+        answer: Any,
+        records: Sequence[Message] = (),
+    ) -> TurnRecord:
+        """Answer one wait of a waiting turn, in one transaction with ``records`` (the answer's
+        audit records): the turn as it stands then is read, the answer added to its waits and
+        it moves (``running`` once every wait is answered). Raises
+        :class:`~agentik.core.turns.TurnStateError` when it does not wait for that answer. Two
+        answers to one step through two instances both count."""
+        turn = await self.get_turn(turn_id)
+        if turn is None:
+            raise TurnStateError(f"no turn {turn_id}")
+        done = answered(turn, call_id, answer)
+        update = TurnUpdate(done.state, done.step, done.waits)
+        await self.append(conversation_id, records, turn_id=turn_id, turn=update)
+        return done
 
     async def cancel_queued_turn(self, conversation_id: str, turn_id: str, error: Message) -> bool:
         """:meth:`fail_turn` as ``cancelled``, only while the turn is still queued (another

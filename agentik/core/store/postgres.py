@@ -110,8 +110,13 @@ _GONE = (
     "(i.expires_at IS NULL OR i.expires_at <= now() "
     f"OR pg_try_advisory_xact_lock({_LIVE_KEY.format('l.owner')}))"
 )
-# sends to one conversation from several instances: stored one after the other
-_SERIALIZE_SENDS = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
+# the other instances alive now (beating, and their process lives)
+_OTHERS_ALIVE = (
+    "SELECT count(*) FROM agentik_instance WHERE id <> ? AND expires_at > now() "
+    f"AND NOT pg_try_advisory_xact_lock({_LIVE_KEY.format('id')})"
+)
+# sends and answers to one conversation from several instances: one after the other
+_SERIALIZE = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
 # if free or if its owner's heartbeat expired; no row: a live instance holds it
 _ACQUIRE = (
@@ -257,6 +262,8 @@ class PgDatabase:
     async def beat(self, sql: str, params: Sequence[Any], instance: str) -> None:
         """The heartbeat statement of ``instance``, on a connection of its own that holds the
         instance's session lock while this process lives (taken again after a reconnect)."""
+        if not self._open:  # closed, or terminated (a crash): never alive again
+            raise RuntimeError("the database is not open")
         conn = self._beating
         if conn is None or conn.is_closed():
             try:
@@ -422,7 +429,7 @@ class PgDatabase:
         plugin's read-then-insert in one write sees no other write of this process between the
         two (an asyncio lock queues them: no pooled connection waits idle). Across instances a
         conversation's writes are serialized by its owner's lease (the fence, below) and its
-        sends by a lock on its row (PostgresStore._serialize_sends)."""
+        sends by a lock on its row (PostgresStore._serialize)."""
         return await asyncio.shield(self._write(fn, durable))
 
     async def _write(self, fn: Callable[[], T], durable: bool) -> T:
@@ -554,8 +561,8 @@ class PostgresStore(SqlStore):
         await self.db.create_tables(lambda: self.db.db.create_tables(models, safe=True))
         return cast(Database, self.db)  # the same read/write/execute
 
-    def _serialize_sends(self, conversation_id: str) -> None:
-        self.db.execute(_SERIALIZE_SENDS, (conversation_id,))
+    def _serialize(self, conversation_id: str) -> None:
+        self.db.execute(_SERIALIZE, (conversation_id,))
 
     def shared(self) -> SharedStore:
         return self
@@ -608,6 +615,12 @@ class PostgresStore(SqlStore):
             yield
         finally:
             FENCE.reset(token)
+
+    async def others_alive(self, instance: str) -> int:
+        """How many other instances are alive now."""
+        return int(
+            await self.db.read(lambda: self.db.execute(_OTHERS_ALIVE, (instance,)).fetchone()[0])
+        )
 
     async def orphaned(self, instance: str) -> list[str]:
         """The conversations with turns to run (queued, or running) whose lease is free or

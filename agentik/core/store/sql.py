@@ -32,6 +32,7 @@ from agentik.core.turns import (
     TurnStateError,
     TurnUpdate,
     Wait,
+    answered,
     sources,
     waits_from,
 )
@@ -249,7 +250,7 @@ class SqlStore(Store):
         cid = msg.conversation_id
 
         def q() -> TurnRecord:
-            self._serialize_sends(cid)
+            self._serialize(cid)
             if idempotency_key is not None:
                 row = self.db.execute(
                     _SELECT_TURN + "WHERE t.conversation_id = ? AND t.idempotency_key = ?",
@@ -280,10 +281,10 @@ class SqlStore(Store):
         # durable also for a replay: the first send may still be waiting for its fsync
         return await self.db.write(q, durable=True)
 
-    def _serialize_sends(self, conversation_id: str) -> None:
-        """Inside a write: wait for the other sends to this conversation to commit (a database
-        several instances write to at once): its turns are stored in one order. One writer
-        at a time already (SQLite): nothing to do."""
+    def _serialize(self, conversation_id: str) -> None:
+        """Inside a write: wait for the other sends and answers to this conversation to commit
+        (a database several instances write to at once): its turns are stored in one order,
+        two answers to one step both count. One writer at a time already (SQLite): nothing."""
 
     def _move(
         self, turn_id: str, update: TurnUpdate, allowed: tuple[TurnState, ...] | None = None
@@ -438,7 +439,7 @@ class SqlStore(Store):
     ) -> None:
         def q() -> None:
             self._move(turn_id, TurnUpdate(state, 0))
-            self._insert_error(conversation_id, turn_id, error)
+            self._insert_message(conversation_id, turn_id, error)
             self.db.execute(
                 "DELETE FROM working_memory WHERE conversation_id = ? AND turn_id = ?",
                 (conversation_id, turn_id),
@@ -446,18 +447,39 @@ class SqlStore(Store):
 
         await self.db.write(q)
 
+    async def answer_wait(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        call_id: str,
+        answer: Any,
+        records: Sequence[Message] = (),
+    ) -> TurnRecord:
+        def q() -> TurnRecord:
+            self._serialize(conversation_id)
+            row = self.db.execute(_SELECT_TURN + "WHERE t.id = ?", (turn_id,)).fetchone()
+            if row is None:
+                raise TurnStateError(f"no turn {turn_id}")
+            done = answered(_turn(row), call_id, answer)
+            self._move(turn_id, TurnUpdate(done.state, done.step, done.waits))
+            for m in records:
+                self._insert_message(conversation_id, turn_id, m)
+            return done
+
+        return await self.db.write(q)
+
     async def cancel_queued_turn(self, conversation_id: str, turn_id: str, error: Message) -> bool:
         def q() -> bool:
             try:
                 self._move(turn_id, TurnUpdate(TurnState.CANCELLED, 0), (TurnState.QUEUED,))
             except TurnStateError:
                 return False
-            self._insert_error(conversation_id, turn_id, error)
+            self._insert_message(conversation_id, turn_id, error)
             return True
 
         return await self.db.write(q)
 
-    def _insert_error(self, conversation_id: str, turn_id: str, error: Message) -> None:
+    def _insert_message(self, conversation_id: str, turn_id: str, error: Message) -> None:
         self.db.execute(
             _INSERT_MESSAGE,
             (
