@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import peewee
 
 from agentik.core.db import Database
+from agentik.core.jobs import Leader
 from agentik.core.llm import HistoryItem
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
 from agentik.core.types import ConversationInfo, Message
@@ -280,6 +281,26 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def write_state(self, key: str, value: str | None) -> None:
         """Set (or with None, delete) a small fact about the agent."""
+
+    # --- many instances on one database (PostgreSQL); one process needs none of it --------
+
+    def leader(self) -> Leader | None:
+        """What decides which instance runs each periodic job (:class:`~agentik.core.jobs.
+        JobRunner`); None: this process is the only one, every job runs here."""
+        return None
+
+    async def notify(self, name: str, payload: str = "") -> None:  # noqa: B027 - optional
+        """Tell the other instances on this database (and this one) that ``name`` changed;
+        ``payload`` is short: what changed is read from the tables. One process: no one."""
+
+    async def listen(  # noqa: B027 - optional
+        self,
+        name: str,
+        callback: Callable[[str], None],
+        caught_up: Callable[[], None] | None = None,
+    ) -> None:
+        """Call ``callback(payload)`` for each :meth:`notify` of ``name`` by any instance (at
+        most once; ``caught_up()`` after a lost connection came back: read what was missed)."""
 
 
 def turn_context(assistant_payload: dict[str, Any]) -> int | None:
