@@ -42,7 +42,11 @@ class ChatConversation(ConversationEvents):
     supports_image_output = False
 
     def __init__(
-        self, agent: ChatAgent, info: ConversationInfo, open_turns: Sequence[TurnRecord] = ()
+        self,
+        agent: ChatAgent,
+        info: ConversationInfo,
+        open_turns: Sequence[TurnRecord] = (),
+        log: EventLog | None = None,
     ) -> None:
         self.agent = agent
         self.id = info.id
@@ -51,7 +55,7 @@ class ChatConversation(ConversationEvents):
         self.created_at = info.created_at
         self.updated_at = info.updated_at
         self.store: Store = agent.temp_store if info.is_temporal else agent.store
-        self.log = EventLog(agent.event_buffer, agent.event_ids)
+        self.log = log if log is not None else agent.event_log(info)
         self.inbox = Inbox(self, open_turns)
         self.runner = TurnRunner(self)
         self.context = ContextKeeper(self)

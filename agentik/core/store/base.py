@@ -16,6 +16,7 @@ from typing import Any
 import peewee
 
 from agentik.core.db import Database
+from agentik.core.events import SharedEvents
 from agentik.core.jobs import Leader
 from agentik.core.llm import HistoryItem
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
@@ -273,6 +274,12 @@ class Store(abc.ABC):
     async def background_usage(self) -> dict[str, FeatureUsage]:
         """The background calls' counts per feature (:meth:`add_background_usage`)."""
         return {}
+
+    def shared_events(self, instance_id: str) -> SharedEvents | None:
+        """How the agent's instances on this store's database share their events (many
+        instances on one PostgreSQL database), ``instance_id`` being this one; None: one
+        instance, its events stay in its process."""
+        return None
 
     @abc.abstractmethod
     async def read_state(self, key: str) -> str | None:

@@ -36,6 +36,7 @@ from playhouse.pwasyncio import (
 
 from agentik.core import models
 from agentik.core.db import Database, DatabaseInUse
+from agentik.core.events import SharedEvents
 from agentik.core.store.sql import SqlStore
 from agentik.core.store.url import shown_url
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
@@ -382,6 +383,12 @@ class PgDatabase:
         database an advisory lock, taken in the same round trip as ``BEGIN``."""
         return await asyncio.shield(self._write(fn, durable))
 
+    async def write_alone(self, fn: Callable[[], T], lock: int) -> T:
+        """Run ``fn`` in one transaction under the advisory lock ``lock`` only, beside the
+        store's writes (not queued behind them, nor they behind it): for a table no other
+        write touches, whose writers take turns by ``lock`` (the event relay's)."""
+        return await asyncio.shield(self._run(fn, f"BEGIN; SELECT pg_advisory_xact_lock({lock})"))
+
     async def _write(self, fn: Callable[[], T], durable: bool) -> T:
         fence = FENCE.get()
         if fence is not None:
@@ -543,6 +550,15 @@ class PostgresStore(SqlStore):
         self.db.db.bind([self._usage])
         await self.db.write(lambda: self.db.execute(_APPEND_ONLY))
 
+    def shared_events(self, instance_id: str) -> SharedEvents | None:
+        """Many instances on this database (not ``exclusive``): their events go through the
+        event table (agentik.core.store.pg_events); one instance keeps them in its process."""
+        if self.db.exclusive:
+            return None
+        from agentik.core.store.pg_events import PgEvents
+
+        return PgEvents(self.db, instance_id)
+
     async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
         self.db.db.bind(models)
 
@@ -551,8 +567,10 @@ class PostgresStore(SqlStore):
 
     # --- many instances on one database (issue 26) ------------------------------------------
 
-    def leader(self) -> PgLeader:
-        return PgLeader(self.db)
+    def leader(self) -> PgLeader | None:
+        """Many instances on this database (not ``exclusive``): a periodic job runs where its
+        lock is held; one instance runs every job, as on SQLite."""
+        return None if self.db.exclusive else PgLeader(self.db)
 
     async def notify(self, name: str, payload: str = "") -> None:
         await self.db.notify(name, payload)
