@@ -481,3 +481,19 @@ def test_docs_say_how_to_run_many_instances():
     for needed in ("AGENTIK_DATABASE_URL", "haproxy.cfg", "nginx", "proxy_buffering off",
                    "http-no-delay", "same plugins"):  # fmt: skip
         assert needed in section, needed
+
+
+@needs(OWNERSHIP)
+async def test_a_temporary_conversation_is_served_by_every_instance(cluster, fake_openai_proc):
+    """Round-robin: a temporary conversation's requests reach every instance, not only the one
+    that created it (temporary conversations are owned like the others)."""
+    cluster.start(2, ROUND_ROBIN)
+    a, b = cluster.instances
+    await reset_fake(fake_openai_proc)
+    async with aiohttp.ClientSession() as s:
+        cid = str((await post(s, f"{a.base}/agentik/conversations", {"temp": True}))["id"])
+        async with s.get(f"{b.base}/agentik/conversations/{cid}") as r:
+            assert r.status == 200, await r.text()
+        await send(s, b.base, cid, "short-lived")
+        pairs = turn_pairs(await settled(s, a.base, cid, 1))
+    assert pairs == [("short-lived", "echo: short-lived")]
