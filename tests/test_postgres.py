@@ -17,6 +17,7 @@ from agentik.core.app import StartupError, make_store
 from agentik.core.models import BaseModel, for_agent
 from agentik.core.store.url import parse_database_url, shown_url
 from agentik.core.testing import make_app, running
+from agentik.core.types import TextPart
 from tests.conftest import ROOT, free_port
 from tests.store_contract import conv, msg, send
 
@@ -190,17 +191,23 @@ async def test_a_server_restart_fails_requests_as_storage_errors_then_they_recov
         server.stop()
 
 
-async def test_a_second_instance_on_the_same_schema_stops_naming_the_first(postgres_url):
-    """One instance per database for now, as on SQLite (conversation ownership is not used by
-    the agent yet): the second stops at start-up naming the first; once it stops, it starts."""
-    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})):
-        with pytest.raises(StartupError) as info:
-            async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})):
-                pass
-        assert "in use by another agentik (agentik pid" in str(info.value)
-        assert "AGENTIK_DATABASE_URL=" in str(info.value)
-    async with running(make_app(env={"AGENTIK_DATABASE_URL": postgres_url})) as agent:
-        assert await agent.store.count_conversations() == 0
+async def test_a_second_instance_on_the_same_schema_starts_beside_the_first(postgres_url):
+    """Many instances share one schema (tests/test_postgres_instances.py): the second starts
+    beside the first, each beating under an id of its own; a stopped one's conversations are
+    free at once."""
+    env = {"AGENTIK_DATABASE_URL": postgres_url}
+    async with running(make_app(env=env)) as a, running(make_app(env=env)) as b:
+        assert a.instance_id != b.instance_id
+        beating = await a.store.db.read(
+            lambda: a.store.db.execute("SELECT id FROM agentik_instance ORDER BY id").fetchall()
+        )
+        assert sorted(r[0] for r in beating) == sorted([a.instance_id, b.instance_id])
+        conv_ = await a.create_conversation()
+        await conv_.send([TextPart("hi")])
+        await conv_.wait_idle()
+        assert a.ownership.owns(conv_.id)
+    async with running(make_app(env=env)) as c:  # A's lease went with its stop
+        assert await c.ownership.take(conv_.id)
 
 
 async def test_notifications_reach_every_listener_of_the_schema_and_survive_a_restart():

@@ -40,7 +40,7 @@ def count_runs(agents: list[ChatAgent], runs: list[int], job: str = "curator") -
         async def run(n: int = n) -> None:
             runs.append(n)
 
-        agent.jobs.every(job, PERIOD, run)
+        agent.jobs.every(job, PERIOD, run, one_instance=True)
 
 
 async def test_a_periodic_job_runs_once_a_period_across_instances(agents):
@@ -94,7 +94,7 @@ async def test_a_leader_that_loses_its_connection_stops_its_run_and_another_take
                 stopped.append(n)
                 raise
 
-        agent.jobs.every("curator", PERIOD, run)
+        agent.jobs.every("curator", PERIOD, run, one_instance=True)
     await wait_until(lambda: started)
     leader = started[0]
     # the server ends the leader's lock session (a network cut, an administrator)
@@ -105,6 +105,18 @@ async def test_a_leader_that_loses_its_connection_stops_its_run_and_another_take
     await wait_until(lambda: stopped == [leader])  # it stopped its run at once
     await wait_until(lambda: 1 - leader in started)  # and the other runs it now
     assert started.count(1 - leader) == 1  # one long run at a time, not one per period
+
+
+async def test_an_instances_own_upkeep_runs_on_every_instance(agents):
+    a, b = await agents(), await agents()
+    runs: list[int] = []
+    for n, agent in enumerate((a, b)):
+
+        async def beat(n: int = n) -> None:
+            runs.append(n)
+
+        agent.jobs.every("heartbeat", PERIOD, beat)  # not one_instance: each its own
+    await wait_until(lambda: 0 in runs and 1 in runs)
 
 
 async def test_on_one_process_every_job_runs_without_a_lead(tmp_path):

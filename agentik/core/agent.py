@@ -39,6 +39,7 @@ from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend, ToolCallRequest
 from agentik.core.memory import MemoryBackend
 from agentik.core.observe import BEFORE_TURN, CONVERSATION_ID, PLUGIN, Observers
+from agentik.core.ownership import Ownership, SharedOwnership
 from agentik.core.plugins import call_each
 from agentik.core.records import error_record, new_id, utcnow
 from agentik.core.runner import RESTART_ERROR
@@ -80,11 +81,20 @@ class ChatAgent:
         before_turn_timeout: float | None = None,
         background_idle: float = 0.0,
         max_tool_rounds: int = MAX_TOOL_ROUNDS,
+        lease_ttl: float = 10.0,
     ) -> None:
         self.id = agent_id
         #: this process among the instances of the agent on one database
         self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.store = store
+        #: this process among the instances that may share the store
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        shared = store.shared()
+        #: which conversations this instance runs: all of them, unless it shares its store
+        #: with other instances (PostgreSQL: agentik.core.ownership)
+        self.ownership: Ownership = (
+            Ownership() if shared is None else SharedOwnership(self, shared, lease_ttl)
+        )
         self.temp_store = MemoryStore()
         self.llm = llm
         #: the long-term memory backend (agentik.core.memory), None when memory is off
@@ -152,6 +162,11 @@ class ChatAgent:
         await self.store.open()
         self._opened = True
         await self._open_event_ids()
+        if self.ownership.shared:
+            # other instances may be running turns: nothing is closed here; the sweeper
+            # (resume) takes up those whose owner is gone
+            await self.ownership.open()
+            return 0
         clean = await self.store.read_state(CLEAN_STOP) is not None
         await self.store.write_state(CLEAN_STOP, None)
         cut, heads = 0, set()
@@ -233,6 +248,8 @@ class ChatAgent:
     async def resume(self) -> int:
         """Take up the turns the last stop left to run, in order (called once the tools are
         up); returns how many."""
+        if self.ownership.shared:
+            return await self.ownership.start()
         turns, self._to_resume = Counter(self._to_resume), []
         count = 0
         for conversation_id, n in turns.items():
@@ -250,12 +267,23 @@ class ChatAgent:
         then record that the stop is clean. Queued messages, and those sent from now on, stay
         in the database and run after the next start (unless ``resume_queued`` is off): a stop
         never closes them, even if the process is killed before it exits. A waiting turn waits
-        on (it holds nothing)."""
+        on (it holds nothing).
+
+        Sharing the store with other instances, a stop hands its turns over instead: the
+        running ones are cut as a crash would cut them (no end recorded, no Interrupted), the
+        leases released and the others told: one of them resumes each from its last recorded
+        step, and its clients' streams go on there (Last-Event-ID)."""
         self.stopping = True
         busy = [conv for conv in self._live.values() if conv.inbox.running]
+        shared = self.ownership.shared
         for conv in busy:
-            conv.runner.interrupt()
+            if shared:
+                conv.runner.abandon()
+            else:
+                conv.runner.interrupt()
         await asyncio.gather(*(conv.wait_idle() for conv in busy))
+        if shared:
+            await self.ownership.hand_off()
         await self._mark_clean_stop()
 
     async def _mark_clean_stop(self) -> None:
@@ -322,6 +350,7 @@ class ChatAgent:
             return
         for conv in list(self._live.values()):
             await conv.close()
+        await self.ownership.close()
         self._events.close()
         await self.jobs.close()
         if self.shared_events is not None:
@@ -444,8 +473,20 @@ class ChatAgent:
         finally:
             self._deleting.discard(conversation_id)
         if deleted:
+            self.ownership.forget(conversation_id)
             self.publish("ConversationDeleted", conversation_id)
         return deleted
+
+    def drop(self, conversation_id: str, *, deleted: bool = False) -> None:
+        """Another instance runs this conversation now (``deleted``: it was deleted there):
+        this one forgets its copy, writing nothing more of it."""
+        conv = self._live.pop(conversation_id, None)
+        if conv is None:
+            return
+        if deleted:
+            self.jobs.spawn(f"forget {conversation_id}", conv.close())
+        else:
+            conv.evict()
 
     async def list_conversations(self, offset: int = 0, limit: int = 50) -> list[ConversationInfo]:
         """A page of persisted conversations, most recently updated first."""
@@ -658,9 +699,10 @@ class ChatAgent:
         results = self._call_each(
             "after_turn", conv, user_text=user_text, assistant_text=assistant_text
         )
-        for plugin, result in results:
-            if isinstance(result, Awaitable):
-                self.jobs.spawn(f"after_turn of plugin {plugin} in {conv.id}", result)
+        with self.ownership.unfenced():  # the plugin's work, not the turn's: it may outlive it
+            for plugin, result in results:
+                if isinstance(result, Awaitable):
+                    self.jobs.spawn(f"after_turn of plugin {plugin} in {conv.id}", result)
 
 
 def _takes_agent(render: Callable[..., Any]) -> bool:

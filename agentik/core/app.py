@@ -359,6 +359,7 @@ def build_agent(plugins: Plugins, settings: Settings, llm: LLMBackend | None = N
         resume_turns=settings["AGENTIK_RESUME_TURNS"],
         background_idle=settings["AGENTIK_BACKGROUND_IDLE"],
         max_tool_rounds=settings["AGENTIK_MAX_TOOL_ROUNDS"],
+        lease_ttl=settings["AGENTIK_LEASE_TTL"],
         memory=memory,
         embedding=embeddings[0] if embeddings else None,
     )
@@ -666,7 +667,7 @@ def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
             if interval is None:
                 agent.jobs.spawn_call(job, run)
             else:
-                agent.jobs.every(job, interval, run)
+                agent.jobs.every(job, interval, run, one_instance=True)
 
         return register
 

@@ -153,6 +153,13 @@ CORE_SETTINGS = (
         "skill mining) run; a turn that starts cuts the call under way short. 0: right away.",
     ),
     Setting(
+        "AGENTIK_LEASE_TTL",
+        10.0,
+        parse_positive_float,
+        "Many instances on one PostgreSQL: seconds an instance that stops beating (hung, cut "
+        "off) keeps its conversations before another takes them over; it beats every third.",
+    ),
+    Setting(
         "AGENTIK_LIVE_CONVERSATIONS",
         256,
         parse_positive_int,

@@ -15,6 +15,7 @@ from agentik.core.context_keeper import ContextKeeper
 from agentik.core.events import EventLog
 from agentik.core.inbox import ConversationClosed, Inbox, NotWaiting
 from agentik.core.llm import HistoryItem
+from agentik.core.ownership import Ownership
 from agentik.core.records import utcnow
 from agentik.core.runner import TurnRunner
 from agentik.core.store import Store, TokenStats
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
 
 __all__ = ["ChatConversation", "ConversationClosed", "NotWaiting", "PromptSection"]
+
+ALONE = Ownership()
 
 #: ``(order, name, render)``: ``render(agent)`` or ``render()`` gives the section's text
 PromptSection = tuple[int, str, Callable[..., str | None]]
@@ -55,6 +58,9 @@ class ChatConversation(ConversationEvents):
         self.created_at = info.created_at
         self.updated_at = info.updated_at
         self.store: Store = agent.temp_store if info.is_temporal else agent.store
+        #: who runs its turns: the agent's (instances sharing the store), this process for a
+        #: temporary conversation (in this process's memory only)
+        self.ownership: Ownership = ALONE if info.is_temporal else agent.ownership
         self.log = log if log is not None else agent.event_log(info)
         self.inbox = Inbox(self, open_turns)
         self.runner = TurnRunner(self)
@@ -131,8 +137,18 @@ class ChatConversation(ConversationEvents):
 
     async def ainterrupt(self) -> bool:
         """:meth:`interrupt` for code written against the agent protocol
-        (:class:`agentik.core.protocol.Conversation`), where it may be a request to a server."""
-        return self.interrupt()
+        (:class:`agentik.core.protocol.Conversation`), where it may be a request to a server;
+        through any instance of several sharing the store (the turn runs on its owner)."""
+        if self._evicted:
+            return await (await self._current()).ainterrupt()
+        return await self.inbox.interrupt_anywhere()
+
+    async def busy_now(self) -> bool:
+        """:attr:`busy`, also where another instance runs this conversation's turns (from the
+        store's turn table then)."""
+        if self.ownership.owns(self.id):
+            return self.busy
+        return bool(await self.store.open_turns(self.id))
 
     async def resume_turn(self, turn_id: str, call_id: str, answer: Any) -> TurnRecord:
         """Answer what a waiting turn waits for (the wait of its tool call ``call_id``); once
@@ -237,6 +253,13 @@ class ChatConversation(ConversationEvents):
         await self.store.update_conversation(self.id, updated_at=now, title=title, set_title=True)
         self.title, self.updated_at = title, now
         self.agent.publish("ConversationUpdated", self.id)
+        self.ownership.tell(self.id, "rename")
+
+    async def reload_info(self) -> None:
+        """Take the title as the store has it (renamed through another instance)."""
+        info = await self.store.get_conversation(self.id)
+        if info is not None:
+            self.title, self.updated_at = info.title, info.updated_at
 
     async def compact(
         self,
@@ -319,6 +342,7 @@ class ChatConversation(ConversationEvents):
     def evict(self) -> None:
         """Dropped from the agent's memory while idle: later calls go to a fresh object."""
         self._evicted = True
+        self.ownership.release(self.id)
         self.log.close()
         if self.context.llm is not None:
             self.agent.jobs.spawn(f"release-llm:{self.id}", self.context.reset())

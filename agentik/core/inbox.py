@@ -1,6 +1,11 @@
 """The inbox of one conversation: it accepts sends (durably, once per idempotency key), keeps
 their turns in order and runs them one at a time; a waiting turn holds the line, without a
-task, until it is answered (:meth:`Inbox.answer`) or interrupted."""
+task, until it is answered (:meth:`Inbox.answer`) or interrupted.
+
+Where instances share the store (agentik.core.ownership), the turns run on the conversation's
+owner only: a send or an answer another instance takes is stored there, then the worker here
+takes the lease (free, or its owner gone) or wakes the owner, whose inbox takes it up from the
+store (:meth:`Inbox.refresh`)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from agentik.core import approvals
 from agentik.core.approvals import APPROVAL
 from agentik.core.records import error_record, new_id, utcnow
+from agentik.core.runner import RESTART_ERROR
+from agentik.core.store.base import LeaseLost
 from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate
 from agentik.core.types import (
     MAX_IMAGE_BYTES,
@@ -61,6 +68,9 @@ class Inbox:
         #: links to them when it goes on; kept only while something observes)
         self._answer_traces: dict[str, list[dict[str, str]]] = {}
         self._answering = asyncio.Lock()
+        self._reload = False  # the store holds turns of it this inbox has not taken up
+        self._nudge = False  # ... that this instance stored: its owner must hear of them
+        self._settle = False  # ... found by the sweeper: the resume rules apply
         for record in open_turns:
             if record.state is TurnState.QUEUED:
                 self.queue.append(record)
@@ -135,21 +145,42 @@ class Inbox:
             self.turns = (self.turns or 0) + 1
         conv.updated_at = record.user.created_at
         conv.agent.touch(conv.id)
-        self.queue.append(record)
-        self.start()
         if conv.agent.observers:  # in the sender's task: a tracer reads its request's context
             conv.agent.observers.accepted(conv, record.user)
+        if not conv.ownership.owns(conv.id):
+            # another instance may run this conversation: its owner announces and runs it
+            self.refresh(nudge=True)
+            return record.user
+        self.queue.append(record)
+        self.start()
+        self._announce(record)
+        return record.user
+
+    def _announce(self, record: TurnRecord) -> None:
+        conv = self.conv
         accepted = UserMessage.of(record.user)  # every viewer sees what starts the turns after
         conv.log.publish(accepted)
         conv.agent.announce(accepted)
         conv.agent.publish("ConversationUpdated", conv.id)
-        return record.user
 
     def start(self) -> None:
         # a stopping server starts no turn: what is queued runs after the next start
-        if self.running or self.conv.closed or self.conv.agent.stopping or self._holding():
+        if self.running or self.conv.closed or self.conv.agent.stopping:
+            return
+        if self._holding() and not self._reload:
             return
         self.worker = asyncio.create_task(self._drain(), name=f"turns-{self.conv.id}")
+
+    def refresh(self, *, nudge: bool = False, settle: bool = False) -> None:
+        """The store holds turns of this conversation this inbox has not taken up (stored by
+        another instance, answered there, or left by an owner that is gone): the worker takes
+        the lease and takes them up, between two turns. ``nudge``: this instance stored them,
+        and tells the owner if another instance is one; ``settle``: the sweeper found them (the
+        resume rules apply)."""
+        self._reload = True
+        self._nudge |= nudge
+        self._settle |= settle
+        self.start()
 
     def _holding(self) -> bool:
         """A waiting turn holds the line (and no interrupt is ending it)."""
@@ -158,7 +189,34 @@ class Inbox:
 
     async def _drain(self) -> None:
         conv = self.conv
+        ownership = conv.ownership
+        if not ownership.owns(conv.id):
+            if not await ownership.take(conv.id):
+                # another instance runs its turns: what this one holds of them is stale
+                if self._nudge:
+                    ownership.wake(conv.id)
+                self._reload = self._nudge = self._settle = False
+                self.queue.clear()
+                self.held = None
+                self._cut.clear()
+                return
+            self._reload = True  # taken: the store has what the last owner left, or sends
+        self._nudge = False
+        try:
+            with ownership.fenced(conv.id):
+                await self._run_turns()
+        except LeaseLost:  # another instance took the conversation over
+            ownership.lost(conv.id)
+            return
+        # once this worker is done, this conversation is idle and may be dropped too
+        asyncio.get_running_loop().call_soon(conv.agent.conversation_idle)
+
+    async def _run_turns(self) -> None:
+        conv = self.conv
         while not conv.closed and not conv.agent.stopping:
+            if self._reload:
+                await self._take_up()
+                continue
             record = self.held
             if record is not None:
                 if self._holding():
@@ -175,11 +233,60 @@ class Inbox:
             result = await conv.runner.run(record, cut=cut, cancel=cancel, trace_links=links)
             if result.state is TurnState.WAITING:
                 self.held = self._answered.pop(result.id, result)
-        # once this worker is done, this conversation is idle and may be dropped too
-        asyncio.get_running_loop().call_soon(conv.agent.conversation_idle)
+
+    async def _take_up(self) -> None:
+        """Take this conversation's open turns as the store has them, between two turns (none
+        runs here): its queue in the store's order (deduplicated by id: sends this instance
+        took meanwhile come after), the turn at its head that holds the line (answered
+        elsewhere, or cut by its last owner's end: then resumed from its last recorded step),
+        and a ``UserMessage`` for each send another instance took (this one produces the
+        conversation's events)."""
+        conv = self.conv
+        settle, self._settle, self._reload = self._settle, False, False
+        before = {r.id for r in self.queue}
+        turns = await conv.store.open_turns(conv.id)
+        if settle:
+            turns = await self._settle_turns(turns)
+        stored = {t.id for t in turns}
+        local = {r.id for r in self.queue}
+        # sends taken here during the read come after; those that were queued here and are
+        # no longer open were cancelled through another instance
+        later = [r for r in self.queue if r.id not in before and r.id not in stored]
+        queued = [t for t in turns if t.state is TurnState.QUEUED]
+        self.queue = deque([*queued, *later])
+        head = next((t for t in turns if t.state is not TurnState.QUEUED), None)
+        if head is not None and head.state is TurnState.RUNNING:
+            held = self.held
+            answered = held is not None and held.id == head.id and held.state is TurnState.WAITING
+            if not answered and (held is None or held.id != head.id or head.id in self._cut):
+                self._cut.add(head.id)  # its owner ended while it ran
+        self.held = head
+        for record in queued:
+            if record.id not in local:
+                self._announce(record)
+
+    async def _settle_turns(self, turns: list[TurnRecord]) -> list[TurnRecord]:
+        """The resume rules for turns an owner that is gone left: a running one resumes unless
+        ``resume_turns`` is off, a queued one runs unless ``resume_queued`` is off; the others
+        end with a ``restart`` Error record."""
+        agent = self.conv.agent
+        if agent.resume_turns and agent.resume_queued:
+            return turns
+        kept = []
+        for t in turns:
+            resumed = agent.resume_turns if t.state is TurnState.RUNNING else agent.resume_queued
+            if t.state is TurnState.WAITING or resumed:
+                kept.append(t)
+                continue
+            error = error_record(self.conv.id, t.id, RESTART_ERROR, "restart")
+            await self.conv.store.fail_turn(self.conv.id, t.id, error)
+        return kept
 
     def interrupt(self) -> bool:
         """Stop the running turn, or end the waiting one; queued sends still run."""
+        if not self.conv.ownership.owns(self.conv.id):
+            self.conv.agent.jobs.spawn(f"interrupt {self.conv.id}", self.interrupt_anywhere())
+            return self.conv.busy
         if self.conv.runner.interrupt():
             return True
         held = self.held
@@ -189,7 +296,36 @@ class Inbox:
         self.start()
         return True
 
+    async def interrupt_anywhere(self) -> bool:
+        """:meth:`interrupt`, where another instance may own the conversation: its owner is
+        told; a waiting turn nobody owns is ended here (this instance takes the lease)."""
+        conv = self.conv
+        ownership = conv.ownership
+        if ownership.owns(conv.id):
+            return self.interrupt()
+        turns = await conv.store.open_turns(conv.id)
+        if not turns:  # (the first queued one may have started: its first step is not stored)
+            return False
+        head = turns[0]
+        if head.state is TurnState.WAITING and await ownership.take(conv.id):
+            self._cancel = head.id
+            self.refresh()
+            return True
+        ownership.tell(conv.id, "interrupt")
+        return True
+
     async def cancel_queued(self, message_id: str) -> bool:
+        conv = self.conv
+        if not conv.ownership.owns(conv.id):
+            # its owner may be starting it: the store cancels it only while it is queued
+            turn = await conv.turn(message_id)
+            if turn is None or turn.state is not TurnState.QUEUED:
+                return False
+            error = error_record(conv.id, message_id, "cancelled before it started", "cancelled")
+            if not await conv.store.cancel_queued_turn(conv.id, message_id, error):
+                return False
+            conv.ownership.wake(conv.id)  # its owner drops it from its queue
+            return True
         for record in self.queue:
             if record.id == message_id:
                 self.queue.remove(record)  # now, before any await: the worker cannot take it
@@ -205,8 +341,13 @@ class Inbox:
         wait has its answer. Raises :class:`UnknownReference` for a turn or wait that does not
         exist and :class:`NotWaiting` for one that is not waiting for it."""
         async with self._answering:
-            held = self.held if self.held is not None and self.held.id == turn_id else None
-            record = held or self._answered.get(turn_id) or await self.conv.store.get_turn(turn_id)
+            owned = self.conv.ownership.owns(self.conv.id)
+            held = self.held if owned and self.held and self.held.id == turn_id else None
+            record = (
+                held
+                or (self._answered.get(turn_id) if owned else None)
+                or await self.conv.store.get_turn(turn_id)
+            )
             if record is None or record.conversation_id != self.conv.id:
                 raise UnknownReference(f"no turn {turn_id!r} in this conversation")
             wait = next((w for w in record.waits if w.call_id == call_id), None)
@@ -235,6 +376,10 @@ class Inbox:
                 trace = self.conv.agent.observers.trace_context()
                 if trace is not None:
                     self._answer_traces.setdefault(turn_id, []).append(trace)
+            if not owned:  # stored: its owner goes on with it (this instance, if it is free)
+                if state is TurnState.RUNNING:
+                    self.refresh(nudge=True)
+                return record
             if held is not None or (self.held is None and not self.running):
                 self.held = record  # a turn of this conversation that waits in the store
             else:

@@ -63,16 +63,25 @@ class JobRunner:
             return
         self.spawn(name, work)
 
-    def every(self, name: str, interval: float, run: Callable[[], Awaitable[Any]]) -> None:
+    def every(
+        self,
+        name: str,
+        interval: float,
+        run: Callable[[], Awaitable[Any]],
+        *,
+        one_instance: bool = False,
+    ) -> None:
         """Call ``run()`` every ``interval`` seconds, the first time after one interval. A run
-        that fails (``run`` itself raising included) is logged, and the next one comes. With a
-        :attr:`leader`, only on the instance that leads ``name``."""
+        that fails (``run`` itself raising included) is logged, and the next one comes. With
+        ``one_instance`` (the work of the whole agent, plugins' jobs) and a :attr:`leader`, only
+        on the instance that leads ``name``; without, on each (this instance's own upkeep)."""
+        leader = self.leader if one_instance else None
 
         async def loop() -> None:
             while True:
                 await asyncio.sleep(interval)
                 lost = None
-                if self.leader is not None:
+                if leader is not None:
                     lost = await self._lead(name)
                     if lost is None:
                         continue  # another instance runs it
@@ -90,7 +99,8 @@ class JobRunner:
             self._periodic.add(asyncio.ensure_future(loop()))
 
     async def _lead(self, name: str) -> asyncio.Event | None:
-        assert self.leader is not None
+        if self.leader is None:
+            return None
         try:
             return await self.leader.lead(name)
         except Exception as e:  # the database is away: no one may be sure to lead

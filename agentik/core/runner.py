@@ -41,8 +41,9 @@ from agentik.core.observe import (
 )
 from agentik.core.progress import Progress, user_images
 from agentik.core.records import error_record, new_id, utcnow
+from agentik.core.store.base import LeaseLost
 from agentik.core.tool_steps import ToolSteps
-from agentik.core.turns import TurnRecord, TurnState, check_move
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError, check_move
 from agentik.core.types import (
     AppendText,
     End,
@@ -74,6 +75,7 @@ class TurnRunner:
         self.task: asyncio.Task[None] | None = None
         self.turn: Progress | None = None
         self._interrupting = False
+        self._abandoning = False  # a stop hands the turn to another instance (see abandon)
         self._finishing = False  # the turn is recording its end: an interrupt would split it
         self.tools = ToolSteps(conv)
         self.span: Span | None = None  # the running turn's, when something observes
@@ -92,7 +94,7 @@ class TurnRunner:
         Returns the turn as it stands then."""
         self.turn = turn = Progress(record, cut)
         turn.compactions = self.conv.context.compactions
-        self._interrupting, self._finishing = cancel, False
+        self._interrupting, self._finishing, self._abandoning = cancel, False, False
         self.task = asyncio.create_task(
             self._run(turn, cancel, trace_links), name=f"turn-{record.id}"
         )
@@ -100,6 +102,8 @@ class TurnRunner:
             await asyncio.wait([self.task])
             if not self.task.cancelled() and self.task.exception() is not None:
                 error = self.task.exception()
+                if isinstance(error, LeaseLost):  # the inbox stops running this conversation
+                    raise error
                 log.error("turn %s of %s crashed", record.id, self.conv.id, exc_info=error)
             return replace(record, state=turn.state, step=turn.steps, waits=turn.waits)
         finally:
@@ -110,6 +114,17 @@ class TurnRunner:
         if task is None or task.done() or self._finishing:
             return False
         self._interrupting = True
+        task.cancel()
+        return True
+
+    def abandon(self) -> bool:
+        """Stop the running turn as a crash would (a stop that hands it to another instance):
+        nothing more of it is recorded or said here; the next owner resumes it from its last
+        recorded step."""
+        task = self.task
+        if task is None or task.done() or self._finishing:
+            return False
+        self._abandoning = True
         task.cancel()
         return True
 
@@ -139,6 +154,9 @@ class TurnRunner:
                 trace_links=trace_links,
             )
         agent.turn_started(self.conv.id)
+        gone = False  # the turn goes on elsewhere, or ended there: nothing more of it here
+        # a move the store refuses: ended through another instance (store shared), else a bug
+        elsewhere = (TurnStateError,) if self.conv.ownership.shared else ()
         try:
             try:
                 if cancel:
@@ -151,12 +169,28 @@ class TurnRunner:
                     inputs = []
                 await self._steps(turn, inputs)
             except asyncio.CancelledError:
+                if self._abandoning:
+                    raise _Abandoned from None
                 await self._finish_interrupted(turn)
+            except (LeaseLost, *elsewhere):
+                raise
             except LLMError as e:
                 await self._fail(turn, e.message, e.code)
             except Exception as e:
                 log.exception("turn %s of %s failed", turn.id, self.conv.id)
                 await self._fail(turn, f"internal error: {type(e).__name__}: {e}", "internal")
+        except _Abandoned:
+            gone = True
+        except LeaseLost:
+            # another instance took the conversation over: it resumes the turn
+            gone = True
+            raise
+        except elsewhere as e:
+            # ended through another instance (a queued send cancelled as it started, the
+            # conversation deleted): nothing more to record
+            log.warning("turn %s of %s ended elsewhere: %s", turn.id, self.conv.id, e)
+            if not turn.ended:
+                self._end(turn)
         except Exception as e:
             # even the end could not be recorded (a full disk): the agent writes the turn's
             # Error record once the database takes writes again (else the next start takes the
@@ -168,7 +202,7 @@ class TurnRunner:
             record = error_record(self.conv.id, turn.id, STORAGE_ERROR, "storage", partial)
             self.conv.agent.record_end_later(self.conv.store, record)
         finally:
-            if not turn.ended and turn.state is not TurnState.WAITING:
+            if not turn.ended and turn.state is not TurnState.WAITING and not gone:
                 self._emit(Error("the turn could not be recorded", "internal"))
                 self._end(turn)
             waiting = turn.state is TurnState.WAITING
@@ -337,6 +371,10 @@ class TurnRunner:
     def _end(self, turn: Progress) -> None:
         turn.ended = True
         self._emit(End(turn.id))
+
+
+class _Abandoned(Exception):
+    """The turn was abandoned (:meth:`TurnRunner.abandon`)."""
 
 
 __all__ = ["RESTART_ERROR", "STORAGE_ERROR", "TOOL_LOOP", "TurnRunner"]

@@ -4,7 +4,7 @@ meaning through an hnswlib index (``index.py``).
 The database (SQLite's ``AGENTIK_DB_PATH`` or ``AGENTIK_DATABASE_URL``'s PostgreSQL, tables
 ``memory_vector_note`` and ``memory_vector_meta``) is the truth; the index is a cache of its
 vectors. With many instances on one PostgreSQL each keeps its own index, caught up from the
-database: a change is announced on the store's ``memory`` channel (``store.notify``: the row's
+database: a change is announced on the ``memory`` channel (``store.shared().notify``: the row's
 label, ``-label`` for a removal) and every instance applies it to its index.
 
 Search asks the index for candidates, drops the ones the database no longer holds live (a
@@ -40,6 +40,7 @@ from agentik_memory_vector.index import AnnIndex
 if TYPE_CHECKING:
     from agentik.core.db import Database
     from agentik.core.store import Store
+    from agentik.core.store.base import SharedStore
 
 log = logging.getLogger("agentik.memory")
 
@@ -188,6 +189,7 @@ class VectorMemory(MemoryBackend):
         self._lock = asyncio.Lock()  # writes and index changes, one at a time
         self._count = 0
         self._catching_up: set[asyncio.Task[None]] = set()
+        self._shared: SharedStore | None = None  # the instances sharing the store, if any
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -221,8 +223,10 @@ class VectorMemory(MemoryBackend):
         if index.dirty:
             await asyncio.to_thread(index.save)
         self._index = index
-        # other instances on this database: their changes reach this index (no-op on SQLite)
-        await self.store.listen(CHANNEL, self._heard, self._missed)
+        # other instances on this database: their changes reach this index (none on SQLite)
+        self._shared = self.store.shared()
+        if self._shared is not None:
+            await self._shared.listen(CHANNEL, self._heard, self._missed)
 
     # --- other instances' changes (many instances on one database) ------------------------
 
@@ -272,8 +276,10 @@ class VectorMemory(MemoryBackend):
             self._count = len(rows)
 
     async def _announce(self, change: str) -> None:
+        if self._shared is None:
+            return
         try:
-            await self.store.notify(CHANNEL, change)
+            await self._shared.notify(CHANNEL, change)
         except Exception as e:  # the note is stored: others find it at their next catch-up
             log.warning("memory: other instances not told of %s: %s", change, e)
 

@@ -58,9 +58,9 @@ def conversation_json(c: ChatConversation | ConversationInfo, busy: bool = False
     }
 
 
-def conv_json(conv: ChatConversation) -> dict[str, Any]:
+def conv_json(conv: ChatConversation, busy: bool | None = None) -> dict[str, Any]:
     return {
-        **conversation_json(conv, conv.busy),
+        **conversation_json(conv, conv.busy if busy is None else busy),
         "supportsImageInput": conv.supports_image_input,
         "supportsImageOutput": conv.supports_image_output,
     }
@@ -152,7 +152,9 @@ async def list_conversations(request: web.Request) -> web.Response:
 
 @routes.get("/conversations/{id}")
 async def get_conversation(request: web.Request) -> web.Response:
-    return web.json_response(conv_json(await conversation_or_404(request)))
+    conv = await conversation_or_404(request)
+    # another instance may be running its turns: busy then comes from the store
+    return web.json_response(conv_json(conv, await conv.busy_now()))
 
 
 @routes.patch("/conversations/{id}")
@@ -227,7 +229,7 @@ async def send_message(request: web.Request) -> web.Response:
 @routes.post("/conversations/{id}/interrupt")
 async def interrupt(request: web.Request) -> web.Response:
     conv = await conversation_or_404(request)
-    return web.json_response({"interrupted": conv.interrupt()}, status=202)
+    return web.json_response({"interrupted": await conv.ainterrupt()}, status=202)
 
 
 @routes.get("/conversations/{id}/approvals")

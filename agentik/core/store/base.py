@@ -7,11 +7,12 @@ the turn engine; ``tests/store_contract.py`` is the suite every implementation p
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import peewee
 
@@ -55,6 +56,40 @@ def item_json(item: HistoryItem) -> str:
 
 def item_from(role: str, raw: str) -> HistoryItem:
     return HistoryItem(role=role, **json.loads(raw))
+
+
+class LeaseLost(Exception):
+    """A fenced write of a conversation whose lease another instance took over (its epoch is
+    not the lease's any more): nothing of the write was stored, and this instance must stop
+    running that conversation's turns."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An instance's ownership of a conversation, under an epoch (a fencing token: it grows
+    each time another instance takes the conversation over)."""
+
+    conversation_id: str
+    owner: str
+    epoch: int
+
+
+class SharedStore(Protocol):
+    """What a store that several instances share (PostgreSQL) gives them to coordinate:
+    heartbeats, a lease per conversation, writes fenced by it, and notifications."""
+
+    async def heartbeat(self, instance: str, ttl: float) -> None: ...
+    async def acquire(self, conversation_id: str, instance: str) -> Lease | None: ...
+    async def release(self, lease: Lease) -> None: ...
+    def fenced(self, lease: Lease | None) -> contextlib.AbstractContextManager[None]: ...
+    async def orphaned(self, instance: str) -> list[str]: ...
+    async def notify(self, name: str, payload: str = "") -> None: ...
+    async def listen(
+        self,
+        name: str,
+        callback: Callable[[str], None],
+        caught_up: Callable[[], None] | None = None,
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +137,11 @@ class Store(abc.ABC):
 
     async def open(self) -> None:  # noqa: B027 - optional
         """Create tables; called once before use."""
+
+    def shared(self) -> SharedStore | None:
+        """How instances sharing this store coordinate (PostgreSQL); None for a store one
+        process has to itself (SQLite, memory)."""
+        return None
 
     async def close(self) -> None:  # noqa: B027 - optional
         """Flush and close."""
@@ -232,6 +272,15 @@ class Store(abc.ABC):
         the turn wrote (F2: a failed turn leaves nothing in working memory) and end the turn
         (``failed``, or ``cancelled`` for one taken out of the queue)."""
 
+    async def cancel_queued_turn(self, conversation_id: str, turn_id: str, error: Message) -> bool:
+        """:meth:`fail_turn` as ``cancelled``, only while the turn is still queued (another
+        instance may be starting it); False, and nothing written, when it is not."""
+        turn = await self.get_turn(turn_id)
+        if turn is None or turn.state is not TurnState.QUEUED:
+            return False
+        await self.fail_turn(conversation_id, turn_id, error, TurnState.CANCELLED)
+        return True
+
     @abc.abstractmethod
     async def compact_memory(
         self,
@@ -289,25 +338,11 @@ class Store(abc.ABC):
     async def write_state(self, key: str, value: str | None) -> None:
         """Set (or with None, delete) a small fact about the agent."""
 
-    # --- many instances on one database (PostgreSQL); one process needs none of it --------
-
     def leader(self) -> Leader | None:
         """What decides which instance runs each periodic job (:class:`~agentik.core.jobs.
-        JobRunner`); None: this process is the only one, every job runs here."""
+        JobRunner`) when several share this store (PostgreSQL); None: this process is the
+        only one, every job runs here."""
         return None
-
-    async def notify(self, name: str, payload: str = "") -> None:  # noqa: B027 - optional
-        """Tell the other instances on this database (and this one) that ``name`` changed;
-        ``payload`` is short: what changed is read from the tables. One process: no one."""
-
-    async def listen(  # noqa: B027 - optional
-        self,
-        name: str,
-        callback: Callable[[str], None],
-        caught_up: Callable[[], None] | None = None,
-    ) -> None:
-        """Call ``callback(payload)`` for each :meth:`notify` of ``name`` by any instance (at
-        most once; ``caught_up()`` after a lost connection came back: read what was missed)."""
 
 
 def turn_context(assistant_payload: dict[str, Any]) -> int | None:

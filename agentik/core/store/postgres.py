@@ -21,7 +21,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 import asyncpg
@@ -37,26 +37,12 @@ from playhouse.pwasyncio import (
 from agentik.core import models
 from agentik.core.db import Database, DatabaseInUse
 from agentik.core.events import SharedEvents
+from agentik.core.store.base import Lease, LeaseLost, SharedStore
 from agentik.core.store.sql import SqlStore
 from agentik.core.store.url import shown_url
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
 
 T = TypeVar("T")
-
-
-class LeaseLost(Exception):
-    """A fenced write of a conversation whose lease another instance took over (its epoch is
-    not the lease's any more): nothing of the write was stored, and this instance must stop
-    running that conversation's turns."""
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """This instance's ownership of a conversation, under an epoch (see ConversationLease)."""
-
-    conversation_id: str
-    owner: str
-    epoch: int
 
 
 #: the lease the writes of this task are fenced by (set by the task that runs a conversation's
@@ -74,10 +60,11 @@ DROP TRIGGER IF EXISTS message_append_only ON message;
 CREATE TRIGGER message_append_only BEFORE UPDATE ON message
 FOR EACH ROW EXECUTE FUNCTION message_append_only();
 """
-# one writer at a time on the database (see write); a durable one waits for the WAL flush
-_WRITE_LOCK = "SELECT pg_advisory_xact_lock(7309372542)"
-_BEGIN = f"BEGIN; {_WRITE_LOCK}"
-_BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit TO on; {_WRITE_LOCK}"
+# a durable write waits for the WAL flush (see write)
+_BEGIN = "BEGIN"
+_BEGIN_DURABLE = "BEGIN; SET LOCAL synchronous_commit TO on"
+# instances creating the tables at once: one at a time (CREATE … IF NOT EXISTS races itself)
+_BEGIN_SCHEMA = "BEGIN; SELECT pg_advisory_xact_lock(7309372542)"
 
 
 # the lock of one instance per schema (hashtext: the advisory lock's key from its name)
@@ -121,32 +108,65 @@ _HEARTBEAT = (
     "INSERT INTO agentik_instance (id, expires_at) VALUES (?, now() + make_interval(secs => ?)) "
     "ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at"
 )
+# an instance also holds a session lock of its own while its process lives: when it dies
+# (kill -9) the server drops it at once, and its conversations are taken over without waiting
+# for its heartbeat to expire (which still covers one that hangs: SIGSTOP, a cut network)
+_LIVE_KEY = "hashtext('agentik instance ' || current_schema()), hashtext({})"
+_HOLD_LIVE = f"SELECT pg_try_advisory_lock({_LIVE_KEY.format('$1')})"
+# the owner of lease l (joined with its instance i) is gone
+_GONE = (
+    "(i.expires_at IS NULL OR i.expires_at <= now() "
+    f"OR pg_try_advisory_xact_lock({_LIVE_KEY.format('l.owner')}))"
+)
+# sends to one conversation from several instances: stored one after the other
+_SERIALIZE_SENDS = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
 # if free or if its owner's heartbeat expired; no row: a live instance holds it
-_ACQUIRE = """
+_ACQUIRE = (
+    """
 INSERT INTO conversation_lease AS l (conversation_id, owner, epoch) VALUES (?, ?, 1)
 ON CONFLICT (conversation_id) DO UPDATE
 SET owner = EXCLUDED.owner,
     epoch = l.epoch + CASE WHEN l.owner = EXCLUDED.owner THEN 0 ELSE 1 END
 WHERE l.owner = EXCLUDED.owner OR NOT EXISTS (
     SELECT 1 FROM agentik_instance i WHERE i.id = l.owner AND i.expires_at > now())
+  OR pg_try_advisory_xact_lock("""
+    + _LIVE_KEY.format("l.owner")
+    + """)
 RETURNING epoch
 """
+)
 _RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ?"
 # the oldest queued turn this instance may run: first of its conversation's queue, none of its
 # conversation's turns running or waiting, its conversation free, this instance's or its owner
 # gone; a row another claim has locked is skipped, not waited for
-_CLAIMABLE = """
+_CLAIMABLE = (
+    """
 SELECT t.id FROM turn t
 LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
 LEFT JOIN agentik_instance i ON i.id = l.owner
 WHERE t.state = 'queued'
-  AND (l.owner IS NULL OR l.owner = ? OR i.expires_at IS NULL OR i.expires_at <= now())
+  AND (l.owner IS NULL OR l.owner = ? OR """
+    + _GONE
+    + """)
   AND NOT EXISTS (SELECT 1 FROM turn o WHERE o.conversation_id = t.conversation_id
                   AND (o.state IN ('running', 'waiting') OR (o.state = 'queued' AND o.seq < t.seq)))
 ORDER BY t.seq LIMIT 1
 FOR UPDATE OF t SKIP LOCKED
 """
+)
+# conversations with turns to run (queued, or running: answered, or cut by their owner's end)
+# that no live instance owns: the sweeper's
+_ORPHANED = (
+    """
+SELECT DISTINCT t.conversation_id FROM turn t
+LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
+LEFT JOIN agentik_instance i ON i.id = l.owner
+WHERE t.state IN ('queued', 'running') AND (l.owner IS NULL OR (l.owner <> ? AND """
+    + _GONE
+    + """))
+"""
+)
 
 
 class Shape:
@@ -200,7 +220,7 @@ class PgDatabase:
     ``read``/``write`` run a function that calls :meth:`execute` (and peewee queries on models
     bound to :attr:`db`) on one connection; ``write`` in one transaction."""
 
-    def __init__(self, url: str, pool_size: int = 10, *, exclusive: bool = True) -> None:
+    def __init__(self, url: str, pool_size: int = 10, *, exclusive: bool = False) -> None:
         self.url = url
         self.path = shown_url(url)  # where the data is, for messages (as Database.path)
         # peewee's side: plugins bind their models to it; its queries run on our connections
@@ -209,11 +229,14 @@ class PgDatabase:
         self._idle: list[asyncpg.Connection] = []
         self._slots = asyncio.Semaphore(pool_size)
         self._writing = asyncio.Lock()
-        # one instance per database for now (as SQLite's file lock): a session advisory lock
-        # on the schema, held by a connection kept out of the pool; off for the tests of many
-        # instances' pieces (leases), which run several stores on one schema
+        # exclusive: one instance per schema (as SQLite's file lock), a session advisory
+        # lock held by a connection kept out of the pool; off by default (many instances)
         self.exclusive = exclusive
         self._holder: asyncpg.Connection | None = None
+        #: the connection of this instance's heartbeat, out of the pool (a beat never waits
+        #: for writes), holding the instance's session lock (see _LIVE_KEY)
+        self._beating: asyncpg.Connection | None = None
+        self._alive_as: str | None = None  # the instance whose lock _beating holds
         self._open = False
         #: notification channels this process listens on: callback and "caught up" callback
         self._channels: dict[str, tuple[Callable[[str], None], Callable[[], None] | None]] = {}
@@ -231,8 +254,32 @@ class PgDatabase:
         self._open = True
         self.db.bind(tables)
 
-        # a write: one instance at a time (CREATE … IF NOT EXISTS races with itself)
-        await self.write(lambda: self.db.create_tables(tables, safe=True))
+        await self.create_tables(lambda: self.db.create_tables(tables, safe=True))
+
+    async def create_tables(self, fn: Callable[[], T]) -> T:
+        """A write that creates tables: one instance at a time (CREATE … IF NOT EXISTS races
+        with itself)."""
+        async with self._writing:
+            return await self._run(fn, _BEGIN_SCHEMA)
+
+    async def beat(self, sql: str, params: Sequence[Any], instance: str) -> None:
+        """The heartbeat statement of ``instance``, on a connection of its own that holds the
+        instance's session lock while this process lives (taken again after a reconnect)."""
+        conn = self._beating
+        if conn is None or conn.is_closed():
+            try:
+                conn = self._beating = await self._connect()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+                raise _peewee_error(e) from e
+            self._alive_as = None
+        try:
+            if self._alive_as != instance and await conn.fetchval(_HOLD_LIVE, instance):
+                self._alive_as = instance
+            await run_shape(conn, self._shapes, sql, params)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            conn.terminate()
+            self._beating = None
+            raise _peewee_error(e) from e
 
     async def _connect(self) -> asyncpg.Connection:
         # a commit waits for its WAL flush only when it is durable (write(durable=True) turns it
@@ -266,9 +313,10 @@ class PgDatabase:
         if self._listener is not None:
             idle.append(self._listener)
             self._listener = None
-        if self._holder is not None:  # last: the lock goes with its connection
-            idle.append(self._holder)
-            self._holder = None
+        for held in (self._beating, self._holder):  # last: the locks go with them
+            if held is not None:
+                idle.append(held)
+        self._beating = self._holder = None
         for conn in idle:
             await conn.close()
 
@@ -292,9 +340,10 @@ class PgDatabase:
         if self._listener is not None:
             idle.append(self._listener)
             self._listener = None
-        if self._holder is not None:
-            idle.append(self._holder)
-            self._holder = None
+        for held in (self._beating, self._holder):
+            if held is not None:
+                idle.append(held)
+        self._beating = self._holder = None
         for conn in idle:
             conn.terminate()
 
@@ -377,10 +426,11 @@ class PgDatabase:
         server flushed its WAL: ``synchronous_commit``). A write that started completes even if
         its caller is cancelled (the store's contract): it runs in a task of its own.
 
-        Writes run one at a time, as on SQLite (whose writer holds the file): a plugin's
-        read-then-insert in one write sees no other write between the two. In this process an
-        asyncio lock queues them (no pooled connection waits idle); across processes on one
-        database an advisory lock, taken in the same round trip as ``BEGIN``."""
+        In this process writes run one at a time, as on SQLite (whose writer holds the file): a
+        plugin's read-then-insert in one write sees no other write of this process between the
+        two (an asyncio lock queues them: no pooled connection waits idle). Across instances a
+        conversation's writes are serialized by its owner's lease (the fence, below) and its
+        sends by a lock on its row (PostgresStore._serialize_sends)."""
         return await asyncio.shield(self._write(fn, durable))
 
     async def write_alone(self, fn: Callable[[], T], lock: int) -> T:
@@ -548,7 +598,7 @@ class PostgresStore(SqlStore):
     async def open(self) -> None:
         await self.db.open(models.MODELS + models.OWNERSHIP_MODELS)
         self.db.db.bind([self._usage])
-        await self.db.write(lambda: self.db.execute(_APPEND_ONLY))
+        await self.db.create_tables(lambda: self.db.execute(_APPEND_ONLY))
 
     def shared_events(self, instance_id: str) -> SharedEvents | None:
         """Many instances on this database (not ``exclusive``): their events go through the
@@ -562,10 +612,16 @@ class PostgresStore(SqlStore):
     async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
         self.db.db.bind(models)
 
-        await self.db.write(lambda: self.db.db.create_tables(models, safe=True))
+        await self.db.create_tables(lambda: self.db.db.create_tables(models, safe=True))
         return cast(Database, self.db)  # the same read/write/execute
 
+    def _serialize_sends(self, conversation_id: str) -> None:
+        self.db.execute(_SERIALIZE_SENDS, (conversation_id,))
+
     # --- many instances on one database (issue 26) ------------------------------------------
+
+    def shared(self) -> SharedStore:
+        return self
 
     def leader(self) -> PgLeader | None:
         """Many instances on this database (not ``exclusive``): a periodic job runs where its
@@ -585,8 +641,9 @@ class PostgresStore(SqlStore):
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         """This instance is alive for ``ttl`` more seconds (the database server's clock): one
-        statement a beat, whatever the number of conversations it owns."""
-        await self.db.write(lambda: self.db.execute(_HEARTBEAT, (instance, ttl)))
+        statement a beat, whatever the number of conversations it owns, on a connection that
+        holds the instance's lock while this process lives."""
+        await self.db.beat(_HEARTBEAT, (instance, ttl), instance)
 
     async def acquire(self, conversation_id: str, instance: str) -> Lease | None:
         """The conversation's lease for ``instance`` (its own again: the same epoch; free or
@@ -608,14 +665,24 @@ class PostgresStore(SqlStore):
 
     @staticmethod
     @contextlib.contextmanager
-    def fenced(lease: Lease) -> Iterator[None]:
+    def fenced(lease: Lease | None) -> Iterator[None]:
         """Every write of this task (and of the tasks it starts) inside the block is refused
-        with :class:`LeaseLost` once ``lease``'s epoch is over."""
+        with :class:`LeaseLost` once ``lease``'s epoch is over (None: no fence, for work that
+        is not the conversation's turns)."""
         token = FENCE.set(lease)
         try:
             yield
         finally:
             FENCE.reset(token)
+
+    async def orphaned(self, instance: str) -> list[str]:
+        """The conversations with turns to run (queued, or running) whose lease is free or
+        whose owner is gone (its heartbeat expired, or its process ended): the sweeper's."""
+
+        def q() -> list[str]:
+            return [str(r[0]) for r in self.db.execute(_ORPHANED, (instance,)).fetchall()]
+
+        return await self.db.read(q)
 
     async def claim_turn(self, instance: str) -> tuple[TurnRecord, Lease] | None:
         """Claim the oldest queued turn this instance may run, once: in one transaction its

@@ -249,6 +249,7 @@ class SqlStore(Store):
         cid = msg.conversation_id
 
         def q() -> TurnRecord:
+            self._serialize_sends(cid)
             if idempotency_key is not None:
                 row = self.db.execute(
                     _SELECT_TURN + "WHERE t.conversation_id = ? AND t.idempotency_key = ?",
@@ -279,10 +280,17 @@ class SqlStore(Store):
         # durable also for a replay: the first send may still be waiting for its fsync
         return await self.db.write(q, durable=True)
 
-    def _move(self, turn_id: str, update: TurnUpdate) -> None:
+    def _serialize_sends(self, conversation_id: str) -> None:
+        """Inside a write: wait for the other sends to this conversation to commit (a database
+        several instances write to at once): its turns are stored in one order. One writer
+        at a time already (SQLite): nothing to do."""
+
+    def _move(
+        self, turn_id: str, update: TurnUpdate, allowed: tuple[TurnState, ...] | None = None
+    ) -> None:
         """Move a turn's record, inside a write; refused (TurnStateError) unless its stored
-        state allows the move."""
-        allowed = sources(update.state)
+        state allows the move (``allowed``: only from those states)."""
+        allowed = sources(update.state) if allowed is None else allowed
         moved = 0
         if allowed:  # none (queued): refused; ``IN ()`` is not SQL everywhere
             moved = self.db.execute(
@@ -430,23 +438,37 @@ class SqlStore(Store):
     ) -> None:
         def q() -> None:
             self._move(turn_id, TurnUpdate(state, 0))
-            self.db.execute(
-                _INSERT_MESSAGE,
-                (
-                    error.id,
-                    conversation_id,
-                    error.kind,
-                    turn_id,
-                    ts(error.created_at),
-                    json.dumps(error.payload, ensure_ascii=False),
-                ),
-            )
+            self._insert_error(conversation_id, turn_id, error)
             self.db.execute(
                 "DELETE FROM working_memory WHERE conversation_id = ? AND turn_id = ?",
                 (conversation_id, turn_id),
             )
 
         await self.db.write(q)
+
+    async def cancel_queued_turn(self, conversation_id: str, turn_id: str, error: Message) -> bool:
+        def q() -> bool:
+            try:
+                self._move(turn_id, TurnUpdate(TurnState.CANCELLED, 0), (TurnState.QUEUED,))
+            except TurnStateError:
+                return False
+            self._insert_error(conversation_id, turn_id, error)
+            return True
+
+        return await self.db.write(q)
+
+    def _insert_error(self, conversation_id: str, turn_id: str, error: Message) -> None:
+        self.db.execute(
+            _INSERT_MESSAGE,
+            (
+                error.id,
+                conversation_id,
+                error.kind,
+                turn_id,
+                ts(error.created_at),
+                json.dumps(error.payload, ensure_ascii=False),
+            ),
+        )
 
     async def compact_memory(
         self,

@@ -1,0 +1,237 @@
+"""Which instance runs a conversation's turns.
+
+Alone on its store (SQLite, the default) an agent owns every conversation: :class:`Ownership`
+says so and does nothing else. Several instances on one PostgreSQL (issue 26) share the work
+through :class:`SharedOwnership`: a conversation's turns run only on the instance that holds
+its lease (kept while the conversation is live in that instance's memory), under a fence
+(a write of a stale owner is refused); the instance beats every ``ttl / 3``; a sweeper takes
+up conversations with turns to run whose owner is gone; and instances tell each other what
+changed through the store's notifications: ``wake`` (payload: a conversation id; its owner
+takes up what the store holds: sends and answers another instance stored, a released lease)
+and ``control`` (JSON ``{"conversation", "op"}``: ``interrupt``, ``forget``, ``rename``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import peewee
+
+from agentik.core.store.base import Lease, SharedStore
+
+if TYPE_CHECKING:
+    from agentik.core.agent import ChatAgent
+
+log = logging.getLogger(__name__)
+
+WAKE = "wake"
+CONTROL = "control"
+
+
+class Ownership:
+    """One instance alone on its store: it owns every conversation, and there is nobody to
+    tell anything."""
+
+    shared = False
+
+    def owns(self, conversation_id: str) -> bool:
+        return True
+
+    async def take(self, conversation_id: str) -> bool:
+        return True
+
+    def fenced(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def unfenced(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def release(self, conversation_id: str) -> None:
+        """The conversation left this instance's memory (evicted idle)."""
+
+    def lost(self, conversation_id: str) -> None:
+        """Another instance took the conversation over (a write was refused)."""
+
+    def forget(self, conversation_id: str) -> None:
+        """The conversation was deleted through this instance."""
+
+    def wake(self, conversation_id: str) -> None:
+        """Tell the conversation's owner the store holds something new for it."""
+
+    def tell(self, conversation_id: str, op: str) -> None:
+        """Tell every instance about a conversation (``control``)."""
+
+    async def open(self) -> None:
+        pass
+
+    async def start(self) -> int:
+        return 0
+
+    async def hand_off(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class SharedOwnership(Ownership):
+    """Many instances on one store (PostgreSQL): leases, heartbeat, sweeper, notifications."""
+
+    shared = True
+
+    def __init__(self, agent: ChatAgent, store: SharedStore, ttl: float) -> None:
+        self.agent = agent
+        self.store = store
+        self.ttl = ttl
+        self.instance = agent.instance_id
+        #: the conversations this instance owns (each live in its memory)
+        self.leases: dict[str, Lease] = {}
+        self._sweeping: asyncio.Task[Any] | None = None
+        self._sweep_again = False
+
+    def owns(self, conversation_id: str) -> bool:
+        return conversation_id in self.leases
+
+    async def take(self, conversation_id: str) -> bool:
+        """The conversation's lease for this instance: kept, or taken when it is free or its
+        owner is gone; False while another live instance holds it (or it was deleted)."""
+        if conversation_id in self.leases:
+            return True
+        try:
+            lease = await self.store.acquire(conversation_id, self.instance)
+        except peewee.IntegrityError:  # the conversation was deleted meanwhile
+            return False
+        if lease is None:
+            return False
+        self.leases[conversation_id] = lease
+        return True
+
+    def fenced(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
+        return self.store.fenced(self.leases.get(conversation_id))
+
+    def unfenced(self) -> contextlib.AbstractContextManager[None]:
+        return self.store.fenced(None)
+
+    def release(self, conversation_id: str) -> None:
+        lease = self.leases.pop(conversation_id, None)
+        if lease is not None:
+            self.agent.jobs.spawn(f"release {conversation_id}", self.store.release(lease))
+
+    def lost(self, conversation_id: str) -> None:
+        log.warning(
+            "conversation %s was taken over by another instance: this one stops running it",
+            conversation_id,
+        )
+        self.leases.pop(conversation_id, None)
+        self.agent.drop(conversation_id)
+        self.wake(conversation_id)  # what this one took meanwhile is the new owner's
+
+    def forget(self, conversation_id: str) -> None:
+        self.leases.pop(conversation_id, None)  # the lease went with the conversation
+        self.tell(conversation_id, "forget")
+
+    def wake(self, conversation_id: str) -> None:
+        self.agent.jobs.spawn(f"wake {conversation_id}", self.store.notify(WAKE, conversation_id))
+
+    def tell(self, conversation_id: str, op: str) -> None:
+        payload = json.dumps({"conversation": conversation_id, "op": op})
+        self.agent.jobs.spawn(f"{op} {conversation_id}", self.store.notify(CONTROL, payload))
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Beat once (this instance is alive from now on), and listen."""
+        await self.store.heartbeat(self.instance, self.ttl)
+        await self.store.listen(WAKE, self._woken, self._missed)
+        await self.store.listen(CONTROL, self._control)
+
+    async def start(self) -> int:
+        """Take up what no live instance runs (called once the tools are up), then beat and
+        sweep every third of the lease's time to live; returns how many conversations."""
+        count = await self.sweep()
+        self.agent.jobs.every("heartbeat", self.ttl / 3, self._beat)
+        return count
+
+    async def _beat(self) -> None:
+        await self.store.heartbeat(self.instance, self.ttl)
+        self._sweep_soon()
+
+    async def sweep(self) -> int:
+        """Every conversation with turns to run (queued, or running: answered, or cut by its
+        owner's end) whose lease is free or whose owner is gone: this instance takes it (the
+        first instance to acquire its lease runs it) and runs its turns, the running one from
+        its last recorded step."""
+        count = 0
+        for conversation_id in await self.store.orphaned(self.instance):
+            if self.agent.stopping:
+                break
+            conv = await self.agent.get_conversation(conversation_id)
+            if conv is not None and not conv.closed:
+                conv.inbox.refresh(settle=True)
+                count += 1
+        return count
+
+    def _sweep_soon(self) -> None:
+        """A sweep in the background, one at a time (a request for one while one runs makes
+        it run once more)."""
+        if self._sweeping is not None and not self._sweeping.done():
+            self._sweep_again = True
+            return
+
+        async def sweeps() -> None:
+            self._sweep_again = True
+            while self._sweep_again and not self.agent.stopping:
+                self._sweep_again = False
+                await self.sweep()
+
+        self._sweeping = self.agent.jobs.spawn("sweep", sweeps())
+
+    def _woken(self, conversation_id: str) -> None:
+        conv = self.agent.live_conversation(conversation_id)
+        if conv is not None and self.owns(conversation_id):
+            conv.inbox.refresh()
+        else:  # a lease released, or news for an owner that is gone: whoever sweeps first
+            self._sweep_soon()
+
+    def _missed(self) -> None:
+        """The notifications were cut (the server restarted): look at everything again."""
+        for conversation_id in list(self.leases):
+            self._woken(conversation_id)
+        self._sweep_soon()
+
+    def _control(self, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+            conversation_id, op = str(data["conversation"]), str(data["op"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("a control notification that is not ours: %r", payload[:200])
+            return
+        conv = self.agent.live_conversation(conversation_id)
+        if conv is None:
+            return
+        if op == "interrupt" and self.owns(conversation_id):
+            conv.interrupt()
+        elif op == "forget":
+            self.leases.pop(conversation_id, None)
+            self.agent.drop(conversation_id, deleted=True)
+        elif op == "rename":
+            self.agent.jobs.spawn(f"rename {conversation_id}", conv.reload_info())
+
+    async def hand_off(self) -> None:
+        """A stop: the running turns were cut as a crash would cut them; every lease goes,
+        and the other instances are told, so one of them resumes each turn from its last
+        recorded step."""
+        leases, self.leases = list(self.leases.values()), {}
+        for lease in leases:
+            try:
+                await self.store.release(lease)
+                await self.store.notify(WAKE, lease.conversation_id)
+            except Exception as e:  # their heartbeat expiry hands them over then
+                log.warning("could not hand %s over: %s", lease.conversation_id, e)
+
+    async def close(self) -> None:
+        await self.hand_off()

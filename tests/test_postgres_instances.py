@@ -1,0 +1,295 @@
+"""Many agentik instances on one PostgreSQL schema (issue 26, items 2 and 4): each a real app
+with its HTTP API on loopback, in this test process. A conversation's turns run on the instance
+that holds its lease, one at a time, in the order they were stored, whichever instance took the
+send; another takes over when its owner stops beating, stops, or is told (interrupt, approval,
+delete, rename) through any instance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from agentik.core.app import AGENT
+from agentik.core.llm import LLMChunk, LLMInput, TextDelta, ToolCallRequest, UserInput
+from agentik.core.testing import ScriptedConversation, ScriptedLLM, make_app
+from agentik.core.tools import tool
+from agentik.hookspecs import hookimpl
+from tests.conftest import wait_until
+
+TEXT = {"content": [{"type": "text", "body": "hi"}]}
+
+
+class Room:
+    """What the instances' models share: which turns run now (at most one per conversation)."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, str] = {}  # conversation's text -> instance
+        self.overlaps: list[str] = []
+        self.ran: list[tuple[str, str]] = []  # (user text, instance)
+        self.hang: set[str] = set()  # user texts whose model call hangs
+        self.release = asyncio.Event()
+
+
+class RoomLLM(ScriptedLLM):
+    """Echoes ``echo: <text>`` a little slowly, noting who runs what; hangs on a text in
+    ``room.hang`` until ``room.release`` is set."""
+
+    def __init__(self, room: Room, name: str, *steps: Any) -> None:
+        super().__init__(*steps)
+        self.room, self.name = room, name
+
+    def create_conversation(self, system_prompt, history, tools):  # type: ignore[no-untyped-def]
+        return RoomConversation(self, history)
+
+
+class RoomConversation(ScriptedConversation):
+    backend: RoomLLM
+
+    async def stream(self, inputs: Sequence[LLMInput]) -> AsyncIterator[LLMChunk]:
+        room, me = self.backend.room, self.backend.name
+        # the user's text (after what before_turn put before it); "" after tool results
+        text = inputs[0].text if inputs and isinstance(inputs[0], UserInput) else ""
+        text = text.rsplit("\n\n", 1)[-1]
+        if "tool" in room.running:
+            room.overlaps.append(text)
+        room.running["tool"] = me
+        try:
+            room.ran.append((text, me))
+            if text in room.hang:
+                await room.release.wait()
+            if self.backend.steps:
+                step = self.backend.steps.pop(0)
+                for chunk in step:  # type: ignore[union-attr]
+                    await asyncio.sleep(0.01)
+                    yield TextDelta(chunk) if isinstance(chunk, str) else chunk
+                return
+            await asyncio.sleep(0.02)
+            yield TextDelta(f"echo: {text}")
+        finally:
+            room.running.pop("tool", None)
+
+
+@pytest.fixture
+async def instances(postgres_url, aiohttp_client):
+    """start(name, **env) -> (client, agent): an instance on the test's schema."""
+    room = Room()
+
+    async def start(name: str, *steps: Any, plugins: Sequence[Any] = (), **env: str):
+        app = make_app(
+            llm=RoomLLM(room, name, *steps),
+            plugins=plugins,
+            env={"AGENTIK_DATABASE_URL": postgres_url, **env},
+        )
+        client = await aiohttp_client(app)
+        return client, app[AGENT]
+
+    start.room = room  # type: ignore[attr-defined]
+    return start
+
+
+async def new_conversation(client) -> str:
+    return (await (await client.post("/agentik/conversations")).json())["id"]
+
+
+async def send(client, cid: str, text: str) -> dict[str, Any]:
+    body = {"content": [{"type": "text", "body": text}]}
+    r = await client.post(f"/agentik/conversations/{cid}/messages", json=body)
+    assert r.status == 202, await r.text()
+    return await r.json()
+
+
+async def history(client, cid: str) -> list[dict[str, Any]]:
+    r = await client.get(f"/agentik/conversations/{cid}/messages", params={"limit": "200"})
+    assert r.status == 200
+    return (await r.json())["items"]
+
+
+async def replies(client, cid: str, n: int, timeout: float = 20) -> list[dict[str, Any]]:
+    async def done():
+        items = await history(client, cid)
+        return items if sum(m["type"] in ("assistant", "error") for m in items) >= n else None
+
+    found = None
+    for _ in range(int(timeout / 0.05)):
+        found = await done()
+        if found:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not {n} replies: {await history(client, cid)}")
+
+
+def text_of(m: dict[str, Any]) -> str:
+    return m.get("text") or "".join(p.get("body", "") for p in m.get("content", []))
+
+
+def texts(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["type"], text_of(m)) for m in items if m["type"] in ("user", "assistant")]
+
+
+async def test_several_instances_start_on_one_schema_and_each_beats(instances):
+    (a_client, a), (b_client, b) = await instances("A"), await instances("B")
+    assert a.instance_id != b.instance_id and a.ownership.shared
+    cid = await new_conversation(b_client)
+    await send(b_client, cid, "hello")
+    items = await replies(a_client, cid, 1)
+    assert texts(items) == [("user", "hello"), ("assistant", "echo: hello")]
+
+
+async def test_two_sends_through_two_instances_run_one_at_a_time_in_order(instances):
+    (a_client, a), (b_client, b) = await instances("A"), await instances("B")
+    room = instances.room
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "first")  # A takes the lease: it owns the conversation
+    await send(b_client, cid, "second")  # stored by B, run by A
+    items = await replies(a_client, cid, 2)
+    said = texts(items)
+    assert [t for t in said if t[0] == "user"] == [("user", "first"), ("user", "second")]
+    assert [t for t in said if t[0] == "assistant"] == [
+        ("assistant", "echo: first"), ("assistant", "echo: second")
+    ]  # fmt: skip
+    assert room.overlaps == [] and room.ran == [("first", "A"), ("second", "A")]
+    assert a.ownership.owns(cid) and not b.ownership.owns(cid)
+
+
+async def test_twenty_sends_spread_over_three_instances_run_in_order_each_once(instances):
+    started = [await instances(name) for name in "ABC"]
+    room = instances.room
+    cid = await new_conversation(started[0][0])
+    sent = []
+    for i in range(20):
+        client = started[i % 3][0]
+        sent.append((await send(client, cid, f"m{i}"))["id"])
+    items = await replies(started[1][0], cid, 20, timeout=40)
+    users = [m["id"] for m in items if m["type"] == "user"]
+    assert users == sent  # stored in the order they were acknowledged
+    assert [t for t, _ in room.ran] == [f"m{i}" for i in range(20)]  # each once, in order
+    assert room.overlaps == []
+    answers = [m["text"] for m in items if m["type"] == "assistant"]
+    assert answers == [f"echo: m{i}" for i in range(20)]
+    assert len({who for _, who in room.ran}) == 1  # one owner ran them all
+
+
+async def test_an_owner_that_stops_beating_is_taken_over_and_its_late_write_refused(instances):
+    room = instances.room
+    a_client, a = await instances("A", AGENTIK_LEASE_TTL="0.6")
+    b_client, b = await instances("B", AGENTIK_LEASE_TTL="0.6")
+    cid = await new_conversation(a_client)
+    room.hang.add("stuck")
+    await send(a_client, cid, "stuck")
+    await wait_until(lambda: ("stuck", "A") in room.ran)
+    # A hangs (SIGSTOP): its heartbeat stops; B's sweeper takes the conversation over
+    for task in a.jobs._periodic:
+        task.cancel()
+    room.hang.discard("stuck")
+    await wait_until(lambda: ("stuck", "B") in room.ran, timeout=10)
+    items = await replies(b_client, cid, 1)
+    assert texts(items) == [("user", "stuck"), ("assistant", "echo: stuck")]
+    room.release.set()  # A wakes up: its late reply is refused, it drops the conversation
+    await wait_until(lambda: a.live_conversation(cid) is None, timeout=5)
+    await asyncio.sleep(0.2)
+    assert texts(await history(b_client, cid)) == texts(items)  # one reply: B's
+    assert b.ownership.owns(cid) and not a.ownership.owns(cid)
+
+
+async def test_interrupt_through_a_non_owner_reaches_the_owners_turn(instances):
+    room = instances.room
+    a_client, _a = await instances("A")
+    b_client, _b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("long")
+    await send(a_client, cid, "long")
+    await wait_until(lambda: ("long", "A") in room.ran)
+    r = await b_client.get(f"/agentik/conversations/{cid}")
+    assert (await r.json())["busy"] is True  # from the turn table: A runs it
+    r = await b_client.post(f"/agentik/conversations/{cid}/interrupt")
+    assert (await r.json())["interrupted"] is True
+    items = await replies(b_client, cid, 1)
+    assert items[-1]["type"] == "assistant" and items[-1].get("interrupted") is True
+    r = await b_client.get(f"/agentik/conversations/{cid}")
+    assert (await r.json())["busy"] is False
+
+
+class Tools:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @hookimpl
+    def register_tools(self, register: Any) -> None:
+        def launch(target: str) -> str:
+            """Launch at a target."""
+            self.ran.append(f"launch {target}")
+            return f"launched at {target}"
+
+        register(tool(launch, name="guarded", requires_approval=True))
+
+
+async def test_an_approval_through_a_non_owner_lets_the_owner_go_on(instances):
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, _a = await instances("A", [call], ["landed"], plugins=plugins)
+    b_client, _b = await instances("B", plugins=plugins)
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "go")
+
+    async def pending():
+        r = await b_client.get(f"/agentik/conversations/{cid}/approvals")
+        return (await r.json())["items"]
+
+    items: list[Any] = []
+    for _ in range(200):
+        items = await pending()
+        if items:
+            break
+        await asyncio.sleep(0.05)
+    assert [i["callId"] for i in items] == ["c1"]
+    r = await b_client.post(f"/agentik/conversations/{cid}/approvals/c1", json={"approve": True})
+    assert r.status == 200, await r.text()
+    done = await replies(a_client, cid, 1)
+    assert done[-1]["type"] == "assistant" and done[-1]["text"] == "landed"
+    assert tools.ran == ["launch moon"]
+    assert [who for _, who in room.ran] == ["A", "A"]  # the owner went on with it
+
+
+async def test_delete_and_rename_through_one_instance_reach_the_others(instances):
+    a_client, a = await instances("A")
+    b_client, b = await instances("B")
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "hi")
+    await replies(a_client, cid, 1)
+    await history(b_client, cid)  # B holds a copy in memory too
+    assert b.live_conversation(cid) is not None
+    r = await b_client.patch(f"/agentik/conversations/{cid}", json={"title": "renamed"})
+    assert r.status == 200
+    await wait_until(lambda: a.live_conversation(cid).title == "renamed")
+    r = await b_client.delete(f"/agentik/conversations/{cid}")
+    assert r.status == 204
+    await wait_until(lambda: a.live_conversation(cid) is None)
+    assert (await a_client.get(f"/agentik/conversations/{cid}")).status == 404
+    assert not a.ownership.owns(cid)
+
+
+async def test_a_stop_hands_its_running_turn_to_another_instance(instances):
+    """A stop (SIGTERM) cuts the running turn as a crash would and releases its lease: another
+    instance resumes it from its last recorded step (the tool's result), and it ends once."""
+    room = instances.room
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    tools = Tools()
+    a_client, _a = await instances("A", [call], plugins=[("tools", tools)])
+    b_client, _b = await instances("B", plugins=[("tools", tools)])
+    cid = await new_conversation(a_client)
+    room.hang.add("")  # the model's call after the tool's result hangs
+    await send(a_client, cid, "go")
+    await wait_until(lambda: ("", "A") in room.ran)
+    await a_client.close()  # the stop hands the turn over
+    await wait_until(lambda: ("", "B") in room.ran, timeout=10)
+    room.release.set()
+    items = await replies(b_client, cid, 1)
+    assert [m["type"] for m in items] == ["user", "tool_call", "tool_result", "assistant"]
+    assert tools.ran == ["launch moon"]  # recorded before the stop: never again
+    assert [who for _, who in room.ran] == ["A", "A", "B"]
