@@ -111,7 +111,7 @@ class ChatAgent:
         #: seconds a turn waits for the ``before_turn`` awaitables (AGENTIK_BEFORE_TURN_TIMEOUT)
         self.before_turn_timeout = before_turn_timeout
         self.event_buffer = event_buffer
-        self.jobs = JobRunner()
+        self.jobs = JobRunner(store.leader())
         #: what plugins registered to watch turns (``register_observers``); empty: none is told
         self.observers = Observers()
         #: background model calls (memory review, reflection, mining): they wait until no turn

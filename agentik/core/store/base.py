@@ -18,6 +18,7 @@ import peewee
 
 from agentik.core.db import Database
 from agentik.core.events import SharedEvents
+from agentik.core.jobs import Leader
 from agentik.core.llm import HistoryItem
 from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate, answered
 from agentik.core.types import ConversationInfo, Message
@@ -358,6 +359,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def write_state(self, key: str, value: str | None) -> None:
         """Set (or with None, delete) a small fact about the agent."""
+
+    def leader(self) -> Leader | None:
+        """What decides which instance runs each periodic job (:class:`~agentik.core.jobs.
+        JobRunner`) when several share this store (PostgreSQL); None: this process is the
+        only one, every job runs here."""
+        return None
 
 
 def turn_context(assistant_payload: dict[str, Any]) -> int | None:
