@@ -333,7 +333,8 @@ class SharedEventLog(EventLog):
 
     def _gap(self, cursor: int) -> list[StreamItem]:
         self._ids.gaps += 1
-        return [StreamItem(self._floor, Gap(cursor)), *self._items]
+        floor = self._floor  # items at or below it (a loaded log's first relays) are not news
+        return [StreamItem(floor, Gap(cursor)), *(i for i in self._items if i.seq > floor)]
 
     async def _start(self, cursor: int) -> list[StreamItem]:
         if self._floor <= cursor <= self._seq:
