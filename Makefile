@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: install install-test serve test test-real test-postgres lint typecheck unit bench tiny-model tiny-siglip \
-	clean postgresql-server
+	clean postgresql-server haproxy
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "agentik needs Python 3.11 or newer (python3)"; exit 1; }
@@ -65,9 +65,19 @@ postgresql-server:
 			postgresql; \
 	else echo "no apt-get: install PostgreSQL (initdb, pg_ctl) to run its tests"; fi
 
+# Debian's HAProxy, for the tests of many instances behind it (tests/cluster.py runs it with
+# docs/haproxy.cfg as an unprivileged process): installed only when missing, like PostgreSQL
+haproxy:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || \
+	if command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			haproxy; \
+	else echo "no apt-get: install HAProxy to run tests/test_cluster.py"; fi
+
 install-test: $(VENV)/.installed-test tests/mcp/node_modules/.package-lock.json \
 	tests/agui/node_modules/.package-lock.json tests/a2a/node_modules/.package-lock.json \
-	tests/mcp_inspector/node_modules/.package-lock.json $(CHROMEDRIVER) postgresql-server
+	tests/mcp_inspector/node_modules/.package-lock.json $(CHROMEDRIVER) postgresql-server haproxy
 
 serve: install                     ## start the server (configured by AGENTIK_* / OPENAI_* variables)
 	$(BIN)/agentik serve
@@ -82,8 +92,9 @@ typecheck: install-test
 
 # the PostgreSQL store under the tests that write the most to it, their agents on a throwaway
 # server (tests/postgres.py): plugins' tables (A2A tasks, vector notes, reflection, the OpenAI
-# transport's threads) and turns killed mid-way through `agentik serve`; the store contract and
-# tests/test_postgres.py run on it in the first pass. The whole suite on it: make test-postgres
+# transport's threads) and turns killed mid-way through `agentik serve`; the store contract,
+# tests/test_postgres*.py and tests/test_cluster.py (three `agentik serve` on one schema behind
+# HAProxy, tests/cluster.py) run on it in the first pass. The whole suite on it: make test-postgres
 POSTGRES_TESTS := tests/test_turns_e2e.py tests/test_a2a.py tests/test_memory_vector.py \
 	tests/test_reflection.py tests/test_openai_api.py
 unit: install-test

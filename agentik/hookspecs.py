@@ -132,7 +132,10 @@ def register_jobs(register: Callable[..., None], agent: ChatAgent, settings: Set
 
     ``register(name, run, interval=None)``: ``run()`` returns an awaitable. With ``interval``
     (seconds) it is run repeatedly, first after one interval; without, once at start-up. Jobs
-    never block a turn, their failures are logged, and they are cancelled at shutdown.
+    never block a turn, their failures are logged, and they are cancelled at shutdown. With
+    many instances on one PostgreSQL a periodic job runs on one instance at a time (a lock per
+    job ``name``; another instance takes it over when that one stops); a start-up one runs on
+    each instance.
     """
 
 

@@ -57,6 +57,8 @@ SUITE = {  # id -> (module, timeout s)
     "B27": ("b27_waiting_turns.py", 900),
     "B28": ("b28_observe.py", 400),
     "B29": ("b29_postgres.py", 400),  # needs PostgreSQL (make install-test installs it)
+    "B30": ("b30_cluster.py", 600),  # needs PostgreSQL and HAProxy (make install-test)
+    "B31": ("b31_event_relay.py", 200),  # needs PostgreSQL (make install-test installs it)
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentik.core.events import EventIds, EventLog
+from agentik.core.events import EventIds, EventLog, SharedEventLog, SharedEvents
 from agentik.core.types import AppendText, End, Gap
 
 
@@ -181,3 +181,49 @@ async def test_the_agent_keeps_a_mark_ahead_of_its_ids_in_the_store(make_agent, 
     assert again.last_event_id >= issued and again.last_event_id >= mark
     conv = await again.create_conversation()
     assert conv.last_event_id >= mark
+
+
+class _Alone(SharedEvents):
+    """A fake of the database's side (a unit test of SharedEventLog): nothing leaves."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int]] = []
+
+    async def reserve_ids(self) -> int:
+        return 0
+
+    async def start(self, logs) -> int:
+        return 0
+
+    def put(self, stream, seq, event, turn_id) -> None:
+        self.sent.append((stream, seq))
+
+    async def last_seq(self, stream: str) -> int:
+        return 0
+
+    async def replay(self, stream: str, after: int):
+        return None  # the database holds nothing: a Gap
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_shared_log_keeps_relayed_ids_and_finds_a_readers_place_by_id():
+    shared = _Alone()
+    log = SharedEventLog(4, EventIds(), shared, "c1", 0)
+    log.relay(90, AppendText("relayed while loading"))
+    log.begin_at(100)  # the database's newest when it was loaded
+    log.relay(100, AppendText("a repeat"))
+    for seq in (101, 102):
+        log.relay(seq, AppendText(str(seq)))
+    log.skip_to(1000)  # this instance takes the conversation over
+    assert log.publish(AppendText("mine")) == 1001 and shared.sent == [("c1", 1001)]
+    assert [(i.seq, i.event.text) for i in await read(log, 101, 2)] == [
+        (102, "102"),
+        (1001, "mine"),
+    ]
+    for text in ("x", "y", "z"):
+        log.publish(AppendText(text))  # the buffer of 4 drops 90, 101 and 102
+    got = await read(log, 101, 5)
+    assert got[0].event == Gap(101) and [i.seq for i in got[1:]] == [1001, 1002, 1003, 1004]
+    assert [i.seq for i in await read(log, 102, 4)] == [1001, 1002, 1003, 1004]  # none lost

@@ -24,7 +24,16 @@ from agentik.core.background import Background
 from agentik.core.context import TokenScale
 from agentik.core.conversation import ChatConversation, ConversationClosed, PromptSection
 from agentik.core.embedding import EmbeddingBackend
-from agentik.core.events import EventIds, EventLog, StreamItem, unwrap
+from agentik.core.events import (
+    EVENT_ID_BLOCK,
+    AgentEventLog,
+    EventIds,
+    EventLog,
+    SharedEventLog,
+    SharedEvents,
+    StreamItem,
+    unwrap,
+)
 from agentik.core.failures import log_failure
 from agentik.core.jobs import JobRunner
 from agentik.core.llm import HistoryItem, LLMBackend, ToolCallRequest
@@ -47,7 +56,6 @@ MAX_ALIAS = 255  # characters of a name another protocol gives a conversation
 MAX_TOOL_ROUNDS = 20  # the default of AGENTIK_MAX_TOOL_ROUNDS
 CLEAN_STOP = "clean_stop"  # agent state: the last stop recorded the end of every turn it ran
 EVENT_IDS = "event_ids"  # agent state: no event id above it was issued (persisted ahead of use)
-EVENT_ID_BLOCK = 1 << 16  # event ids reserved by one write of EVENT_IDS
 #: seconds between tries to record the ends of turns the database refused (a full disk)
 RECORD_RETRY = 1.0
 
@@ -76,6 +84,8 @@ class ChatAgent:
         lease_ttl: float = 10.0,
     ) -> None:
         self.id = agent_id
+        #: this process among the instances of the agent on one database
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.store = store
         #: this process among the instances that may share the store
         self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -101,7 +111,7 @@ class ChatAgent:
         #: seconds a turn waits for the ``before_turn`` awaitables (AGENTIK_BEFORE_TURN_TIMEOUT)
         self.before_turn_timeout = before_turn_timeout
         self.event_buffer = event_buffer
-        self.jobs = JobRunner()
+        self.jobs = JobRunner(store.leader())
         #: what plugins registered to watch turns (``register_observers``); empty: none is told
         self.observers = Observers()
         #: background model calls (memory review, reflection, mining): they wait until no turn
@@ -124,6 +134,10 @@ class ChatAgent:
         self.event_ids = EventIds(refill=self._refill_event_ids)
         self._event_mark = 0  # the EVENT_IDS persisted last
         self._events = EventLog(event_buffer, self.event_ids)
+        #: how this instance shares events with the others on its database (None: alone)
+        self.shared_events: SharedEvents | None = None
+        #: logs of conversations being loaded (many instances): the relay fills them already
+        self._loading: dict[str, SharedEventLog] = {}
         self.resume_queued = resume_queued
         self.resume_turns = resume_turns
         self._opened = self._closed = False
@@ -177,7 +191,15 @@ class ChatAgent:
         return cut
 
     async def _open_event_ids(self) -> None:
-        """Start the event counter above every id the last process may have issued."""
+        """Start the event counter above every id the last process may have issued (on many
+        instances: above every id any instance issued), and the relay of the others' events."""
+        shared = self.shared_events = self.store.shared_events(self.instance_id)
+        if shared is not None:
+            # made first: the relay may bring events while it starts
+            self._events = AgentEventLog(self.event_buffer, self.event_ids, shared, "", 0)
+            self._events.begin_at(await shared.start(self._relayed_log))
+            self.event_ids.high = max(self.event_ids.high, await self._reserve_block(shared))
+            return
         issued = int(await self.store.read_state(EVENT_IDS) or 0)
         self.event_ids.high = max(self.event_ids.high, issued)
         self._events = EventLog(self.event_buffer, self.event_ids)  # starts there
@@ -188,10 +210,45 @@ class ChatAgent:
 
     async def _reserve_event_ids(self, high: int) -> None:
         """Persist a mark a block above ``high``: ids up to it need no write."""
+        if self.shared_events is not None:
+            await self._reserve_block(self.shared_events)
+            return
         mark = high + EVENT_ID_BLOCK
         await self.store.write_state(EVENT_IDS, str(mark))
         self._event_mark = mark
         self.event_ids.reserved(mark, EVENT_ID_BLOCK)
+
+    async def _reserve_block(self, shared: SharedEvents) -> int:
+        """Many instances: the next block of the database's sequence (above every block any
+        instance got before) is this one's to issue; returns its first id."""
+        first = await shared.reserve_ids()
+        self.event_ids.reserved(first + EVENT_ID_BLOCK - 1, EVENT_ID_BLOCK)
+        return first
+
+    async def produce_events(self, conv: ChatConversation) -> None:
+        """This instance becomes the producer of ``conv``'s events (it took the conversation
+        over, or loaded it as its owner): its next ids come from a block reserved now, above
+        every id any instance gave them before, so a ``Last-Event-ID`` from the last owner
+        stays valid here. Nothing to do on a single instance."""
+        if self.shared_events is not None and isinstance(conv.log, SharedEventLog):
+            conv.log.skip_to(await self._reserve_block(self.shared_events))
+
+    def _relayed_log(self, stream: str) -> SharedEventLog | None:
+        """Where the relay puts another instance's event of ``stream``: the agent's log, or
+        the log of a conversation held here (one nobody holds here has no reader here)."""
+        if not stream:
+            return self._events if isinstance(self._events, SharedEventLog) else None
+        conv = self._live.get(stream)
+        if conv is None:
+            return self._loading.get(stream)
+        return conv.log if isinstance(conv.log, SharedEventLog) else None
+
+    def event_log(self, info: ConversationInfo, start: int | None = None) -> EventLog:
+        """A new event log for a conversation; on many instances one shared with the others
+        (``start``: the newest id of its stream the database holds, for one loaded here)."""
+        if self.shared_events is None or info.is_temporal:  # a temporary one lives here only
+            return EventLog(self.event_buffer, self.event_ids)
+        return SharedEventLog(self.event_buffer, self.event_ids, self.shared_events, info.id, start)
 
     async def resume(self) -> int:
         """Take up the turns the last stop left to run, in order (called once the tools are
@@ -301,7 +358,9 @@ class ChatAgent:
         await self.ownership.close()
         self._events.close()
         await self.jobs.close()
-        if self.event_ids.high > self._event_mark:  # a reservation cut by the shutdown
+        if self.shared_events is not None:
+            await self.shared_events.close()
+        elif self.event_ids.high > self._event_mark:  # a reservation cut by the shutdown
             await self.store.write_state(EVENT_IDS, str(self.event_ids.high))
         await self._try_record_ends()
         # every turn that ran has recorded its end: the next start runs what is left
@@ -357,8 +416,29 @@ class ChatAgent:
                 turns = await self.store.open_turns(conversation_id)
         if info is None or conversation_id in self._deleting:
             return None
+        log = None
+        if self.shared_events is not None and not info.is_temporal:
+            log = await self._load_event_log(self.shared_events, info)
         conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
-        return conv if conv is not None else self._remember(ChatConversation(self, info, turns))
+        if conv is None:
+            conv = self._remember(ChatConversation(self, info, turns, log))
+        return conv
+
+    async def _load_event_log(self, shared: SharedEvents, info: ConversationInfo) -> SharedEventLog:
+        """The log of a conversation loaded here, on many instances: its events go on from the
+        newest any instance published (the relay brings the next ones). The relay fills it
+        while that is read: nothing published meanwhile falls between the two."""
+        log = self._loading.get(info.id)
+        if log is None:
+            log = self._loading[info.id] = SharedEventLog(
+                self.event_buffer, self.event_ids, shared, info.id, 0
+            )
+        try:
+            log.begin_at(await shared.last_seq(info.id))
+        finally:
+            if self._loading.get(info.id) is log:
+                del self._loading[info.id]
+        return log
 
     def conversations_in_memory(self) -> list[ChatConversation]:
         """The conversations held in memory now (for metrics: their queues, their readers)."""

@@ -667,7 +667,7 @@ def _start_jobs(agent: ChatAgent, plugins: Plugins, settings: Settings) -> None:
             if interval is None:
                 agent.jobs.spawn_call(job, run)
             else:
-                agent.jobs.every(job, interval, run)
+                agent.jobs.every(job, interval, run, one_instance=True)
 
         return register
 

@@ -45,7 +45,11 @@ class ChatConversation(ConversationEvents):
     supports_image_output = False
 
     def __init__(
-        self, agent: ChatAgent, info: ConversationInfo, open_turns: Sequence[TurnRecord] = ()
+        self,
+        agent: ChatAgent,
+        info: ConversationInfo,
+        open_turns: Sequence[TurnRecord] = (),
+        log: EventLog | None = None,
     ) -> None:
         self.agent = agent
         self.id = info.id
@@ -57,7 +61,7 @@ class ChatConversation(ConversationEvents):
         #: who runs its turns: the agent's (instances sharing the store), this process for a
         #: temporary conversation (in this process's memory only)
         self.ownership: Ownership = ALONE if info.is_temporal else agent.ownership
-        self.log = EventLog(agent.event_buffer, agent.event_ids)
+        self.log = log if log is not None else agent.event_log(info)
         self.inbox = Inbox(self, open_turns)
         self.runner = TurnRunner(self)
         self.context = ContextKeeper(self)

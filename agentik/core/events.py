@@ -15,6 +15,7 @@ with an id above the highest issued (another server's, or a corrupted one): neve
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
@@ -22,6 +23,12 @@ from itertools import islice
 from typing import Any
 
 from agentik.core.types import End, Event, Gap
+
+#: event ids reserved at once (a write of the agent's mark; on many instances, one block of
+#: the database's sequence)
+EVENT_ID_BLOCK = 1 << 16
+#: seconds a reader resuming from an id newer than its log knows waits for it to come in
+RESUME_WAIT = 0.25
 
 
 class StreamItem:
@@ -167,6 +174,13 @@ class EventLog:
         self._ids.gaps += 1
         return [StreamItem(first - 1, Gap(cursor)), *self._items]
 
+    async def _start(self, cursor: int) -> list[StreamItem]:
+        """What a reader resuming after ``cursor`` gets before the live events."""
+        if cursor > self._seq:
+            # an id above the highest issued (not ours): what it missed is unknown
+            return self._gap(cursor)
+        return []
+
     def subscribe(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """Yield events published after ``after`` (None: from now on) until the log closes."""
         return flatten(self.batches(after))
@@ -181,11 +195,10 @@ class EventLog:
         loop = asyncio.get_running_loop()
         self.readers += 1
         try:
-            if cursor > self._seq:
-                # an id above the highest issued (not ours): what it missed is unknown
-                batch = self._gap(cursor)
-                yield batch
-                cursor = batch[-1].seq
+            first = await self._start(cursor)
+            if first:
+                yield first
+                cursor = first[-1].seq
             while True:
                 batch = self._pending(cursor)
                 if batch:
@@ -204,3 +217,145 @@ class EventLog:
                     await asyncio.sleep(linger)
         finally:
             self.readers -= 1
+
+
+class SharedEvents(abc.ABC):
+    """How the instances of one agent on one database share their events (the store gives it:
+    :meth:`~agentik.core.store.Store.shared_events`; a single instance has none).
+
+    Each instance publishes its own conversations' events at once to its own readers, as a
+    single instance does, and :meth:`put` sends them to the others (batched, in the
+    background); what the others publish comes in by :meth:`start`'s relay, with its ids. Ids
+    of a conversation's log come from blocks of one sequence (:meth:`reserve_ids`); the agent
+    stream's come from the database in commit order, the same on every instance."""
+
+    @abc.abstractmethod
+    async def reserve_ids(self) -> int:
+        """The first id of a block of ``EVENT_ID_BLOCK`` ids reserved now: above every id
+        of any block reserved before, by any instance."""
+
+    @abc.abstractmethod
+    async def start(self, logs: Callable[[str], SharedEventLog | None]) -> int:
+        """Relay from now on: each event of another instance (and each agent-level one, this
+        instance's too) goes to ``logs(stream)`` (``stream``: a conversation id, ``""`` the
+        agent's), if it gives a log. Returns the agent stream's newest id."""
+
+    @abc.abstractmethod
+    def put(self, stream: str, seq: int, event: Event, turn_id: str | None) -> None:
+        """Send an event to the other instances (``stream`` ``""``: to the agent stream of
+        every instance, this one's too; its id is given then). No I/O here."""
+
+    @abc.abstractmethod
+    async def last_seq(self, stream: str) -> int:
+        """The newest id of a conversation's events the database holds (0: none)."""
+
+    @abc.abstractmethod
+    async def replay(self, stream: str, after: int) -> list[StreamItem] | None:
+        """The events of ``stream`` after the id ``after`` that the database holds, oldest
+        first; None when it does not hold the event ``after`` any more (or never did): what
+        came after it may be lost."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Send what is pending and stop relaying."""
+
+
+class SharedEventLog(EventLog):
+    """A log of an agent running as many instances (:class:`SharedEvents`): what it publishes
+    also goes to the other instances, their events of its stream come in by :meth:`relay`
+    with their own ids, and a reader resuming from an id this log does not hold reads the
+    events after it from the database.
+
+    Ids of one stream only grow but need not be consecutive (a takeover starts them in a new
+    block): a reader's place is found by id, not by count, and ``_floor`` is the newest id
+    no longer held (the log's start, or the newest item the buffer dropped)."""
+
+    def __init__(
+        self,
+        maxlen: int,
+        ids: EventIds,
+        shared: SharedEvents,
+        stream: str,
+        start: int | None = None,
+    ) -> None:
+        super().__init__(maxlen, ids)
+        self.shared = shared
+        self.stream = stream
+        if start is not None:
+            self._seq = start
+        self._floor = self._seq
+
+    def publish(self, event: Event, turn_id: str | None = None) -> int:
+        self._dropping()
+        seq = super().publish(event, turn_id)
+        self.shared.put(self.stream, seq, event, turn_id)
+        return seq
+
+    def relay(self, seq: int, event: Event, turn_id: str | None = None) -> None:
+        """An event another instance published in this stream, with its id; one not above
+        the newest here is a repeat, or older than this log: dropped."""
+        if seq <= self._seq:
+            return
+        self._dropping()
+        self._seq = seq
+        self._items.append(StreamItem(seq, event, turn_id))
+        self._wake()
+
+    def begin_at(self, seq: int) -> None:
+        """Loaded here: events of this stream up to ``seq`` were published before (the
+        database's newest then); what the relay brought meanwhile stays."""
+        self._floor = max(self._floor, seq)
+        self._seq = max(self._seq, seq)
+
+    def skip_to(self, seq: int) -> None:
+        """This instance becomes the stream's producer: its next id is above ``seq`` (the
+        start of a block reserved now, above every id another instance gave it)."""
+        # nothing is lost in between: no id there was this stream's
+        self._seq = max(self._seq, seq)
+
+    def _dropping(self) -> None:
+        items = self._items
+        if len(items) == items.maxlen:  # the oldest goes now
+            self._floor = items[0].seq
+
+    def _pending(self, cursor: int) -> list[StreamItem]:
+        if cursor >= self._seq:
+            return []
+        if cursor < self._floor:
+            return self._gap(cursor)
+        newest = []
+        for item in reversed(self._items):
+            if item.seq <= cursor:
+                break
+            newest.append(item)
+        newest.reverse()
+        return newest
+
+    def _gap(self, cursor: int) -> list[StreamItem]:
+        self._ids.gaps += 1
+        floor = self._floor  # items at or below it (a loaded log's first relays) are not news
+        return [StreamItem(floor, Gap(cursor)), *(i for i in self._items if i.seq > floor)]
+
+    async def _start(self, cursor: int) -> list[StreamItem]:
+        if self._floor <= cursor <= self._seq:
+            return []
+        # older than this log holds, or newer than it has heard of yet: the database's
+        replayed = await self.shared.replay(self.stream, cursor)
+        if replayed is None and cursor > self._seq:
+            # perhaps still on its way from the instance that published it (a batch goes
+            # out every ~20 ms): asked once more before it is a Gap
+            await asyncio.sleep(RESUME_WAIT)
+            replayed = await self.shared.replay(self.stream, cursor)
+        if replayed is None:
+            return self._gap(cursor)
+        return replayed
+
+
+class AgentEventLog(SharedEventLog):
+    """The agent-level stream of many instances: its events come from every instance, so
+    its ids are the database's, in commit order; a publish goes there only, and comes back
+    to every instance (this one too) by the relay."""
+
+    def publish(self, event: Event, turn_id: str | None = None) -> int:
+        self.shared.put(self.stream, 0, event, turn_id)
+        return 0

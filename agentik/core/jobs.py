@@ -10,18 +10,32 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from agentik.core.failures import log_failure
 
 log = logging.getLogger(__name__)
 
 
+class Leader(Protocol):
+    """Which instance runs a periodic job when several share one database (the store's
+    :meth:`~agentik.core.store.Store.leader`; absent on one process, where every job runs)."""
+
+    async def lead(self, job: str) -> asyncio.Event | None:
+        """None: another instance runs ``job`` now (ask again next period). Else this one
+        runs it; the event is set when it loses the lead (then it stops at once)."""
+
+    async def close(self) -> None:
+        """Give every lead up (another instance takes each at its next period)."""
+
+
 class JobRunner:
-    def __init__(self) -> None:
+    def __init__(self, leader: Leader | None = None) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._periodic: set[asyncio.Task[Any]] = set()
         self._closed = False
+        #: with many instances on one database, the one that runs each periodic job
+        self.leader = leader
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -49,22 +63,64 @@ class JobRunner:
             return
         self.spawn(name, work)
 
-    def every(self, name: str, interval: float, run: Callable[[], Awaitable[Any]]) -> None:
+    def every(
+        self,
+        name: str,
+        interval: float,
+        run: Callable[[], Awaitable[Any]],
+        *,
+        one_instance: bool = False,
+    ) -> None:
         """Call ``run()`` every ``interval`` seconds, the first time after one interval. A run
-        that fails (``run`` itself raising included) is logged, and the next one comes."""
+        that fails (``run`` itself raising included) is logged, and the next one comes. With
+        ``one_instance`` (the work of the whole agent, plugins' jobs) and a :attr:`leader`, only
+        on the instance that leads ``name``; without, on each (this instance's own upkeep)."""
+        leader = self.leader if one_instance else None
 
         async def loop() -> None:
             while True:
                 await asyncio.sleep(interval)
+                lost = None
+                if leader is not None:
+                    lost = await self._lead(name)
+                    if lost is None:
+                        continue  # another instance runs it
                 try:
                     work = run()
                 except Exception as e:
                     log_failure(name, e, log)
                     continue
-                await self._guard(name, work)
+                if lost is None:
+                    await self._guard(name, work)
+                else:
+                    await self._led(name, work, lost)
 
         if not self._closed:
             self._periodic.add(asyncio.ensure_future(loop()))
+
+    async def _lead(self, name: str) -> asyncio.Event | None:
+        if self.leader is None:
+            return None
+        try:
+            return await self.leader.lead(name)
+        except Exception as e:  # the database is away: no one may be sure to lead
+            log_failure(f"{name}: taking the lead", e, log)
+            return None
+
+    async def _led(self, name: str, work: Awaitable[Any], lost: asyncio.Event) -> None:
+        """Run ``work`` until it ends or this instance loses the lead of ``name``."""
+        running = asyncio.ensure_future(self._guard(name, work))
+        losing = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({running, losing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            losing.cancel()
+            if not running.done():  # lost (or closing): another instance runs it from now
+                if lost.is_set():
+                    log.warning("%s: stopped, another instance leads it now", name)
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
 
     @staticmethod
     async def _guard(name: str, work: Awaitable[Any]) -> Any:
@@ -91,3 +147,5 @@ class JobRunner:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.leader is not None:
+            await self.leader.close()

@@ -112,6 +112,9 @@ class SharedOwnership(Ownership):
         if lease is None:
             return False
         self.leases[conversation_id] = lease
+        conv = self.agent.live_conversation(conversation_id)
+        if conv is not None:  # its events' ids go on above every id the last owner gave
+            await self.agent.produce_events(conv)
         return True
 
     def fenced(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:

@@ -1,12 +1,17 @@
 """The ``vector`` memory backend: notes and their vectors in the agent's database, found by
 meaning through an hnswlib index (``index.py``).
 
-SQLite (``AGENTIK_DB_PATH``, tables ``memory_vector_note`` and ``memory_vector_meta``) is the
-truth; the index is a cache of its vectors. Search asks the index for candidates, drops the ones
-the database no longer holds live (a crash may leave a deleted note in a saved index), and
-re-ranks them by exact cosine with a recency weight (:func:`score`). Writes (save, delete,
-archive) and index changes happen under one lock: a note is in the index only once committed,
-and out of it as soon as its deletion is.
+The database (SQLite's ``AGENTIK_DB_PATH`` or ``AGENTIK_DATABASE_URL``'s PostgreSQL, tables
+``memory_vector_note`` and ``memory_vector_meta``) is the truth; the index is a cache of its
+vectors. With many instances on one PostgreSQL each keeps its own index, caught up from the
+database: a change is announced on the ``memory`` channel (``store.shared().notify``: the row's
+label, ``-label`` for a removal) and every instance applies it to its index.
+
+Search asks the index for candidates, drops the ones the database no longer holds live (a
+crash, or another instance, may leave a deleted note in an index), and re-ranks them by exact
+cosine with a recency weight (:func:`score`). Writes (save, delete, archive) and index changes
+happen under one lock: a note is in the index only once committed, and out of it as soon as
+its deletion is.
 
 Embeddings come from ``agent.embedding`` through :class:`Embedder`: an LRU cache (the prefetch
 and the review embed the same text more than once per turn) and batching (texts asked in the
@@ -35,6 +40,7 @@ from agentik_memory_vector.index import AnnIndex
 if TYPE_CHECKING:
     from agentik.core.db import Database
     from agentik.core.store import Store
+    from agentik.core.store.base import SharedStore
 
 log = logging.getLogger("agentik.memory")
 
@@ -42,6 +48,8 @@ log = logging.getLogger("agentik.memory")
 #: now, and loses up to RECENCY (10 %) of it as that moment ages, half of that every
 #: HALF_LIFE (30 days): an older note ranks below a fresh one only when they are near equal
 RECENCY, HALF_LIFE_DAYS = 0.1, 30.0
+#: the store's notification channel of the notes' changes (many instances on one database)
+CHANNEL = "memory"
 #: notes with a lower cosine to the query share nothing meaningful with it: not returned
 MIN_COSINE = 0.15
 CANDIDATES = 4  # index candidates per note asked for (at least 40), re-ranked exactly
@@ -180,6 +188,8 @@ class VectorMemory(MemoryBackend):
         self._index: AnnIndex | None = None
         self._lock = asyncio.Lock()  # writes and index changes, one at a time
         self._count = 0
+        self._catching_up: set[asyncio.Task[None]] = set()
+        self._shared: SharedStore | None = None  # the instances sharing the store, if any
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -213,6 +223,65 @@ class VectorMemory(MemoryBackend):
         if index.dirty:
             await asyncio.to_thread(index.save)
         self._index = index
+        # other instances on this database: their changes reach this index (none on SQLite)
+        self._shared = self.store.shared()
+        if self._shared is not None:
+            await self._shared.listen(CHANNEL, self._heard, self._missed)
+
+    # --- other instances' changes (many instances on one database) ------------------------
+
+    def _heard(self, payload: str) -> None:
+        added = [int(p) for p in payload.split(",") if p.isdigit()]
+        removed = [int(p[1:]) for p in payload.split(",") if p.startswith("-") and p[1:].isdigit()]
+        self._later(self._apply(added, removed))
+
+    def _missed(self) -> None:
+        """The notifications' connection came back: what it missed is read from the table."""
+        self._later(self._reconcile())
+
+    def _later(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._catching_up.add(task)
+        task.add_done_callback(self._catching_up.discard)
+
+    async def _apply(self, added: list[int], removed: list[int]) -> None:
+        async with self._lock:
+            index, db = self._index, self._db
+            if index is None or db is None:
+                return
+            for label in removed:
+                if label in index.labels:
+                    index.remove(label)
+                    self._count -= 1
+            new = [label for label in added if label not in index.labels]  # not its own
+            if not new:
+                return
+            query = self._live().select(self.Note.id).where(self.Note.id.in_(new))
+            live = await db.read(lambda: [r for (r,) in query.tuples()])
+            if live:
+                vectors = await db.read(lambda: self._vectors(live))
+                await asyncio.to_thread(index.add, live, vectors)
+                self._count += len(live)
+
+    async def _reconcile(self) -> None:
+        async with self._lock:
+            index, db = self._index, self._db
+            if index is None or db is None:
+                return
+            rows = await db.read(lambda: [r for (r,) in self._live().select(self.Note.id).tuples()])
+            missing, _ = index.reconcile(rows)
+            if missing:
+                vectors = await db.read(lambda: self._vectors(missing))
+                await asyncio.to_thread(index.add, missing, vectors)
+            self._count = len(rows)
+
+    async def _announce(self, change: str) -> None:
+        if self._shared is None:
+            return
+        try:
+            await self._shared.notify(CHANNEL, change)
+        except Exception as e:  # the note is stored: others find it at their next catch-up
+            log.warning("memory: other instances not told of %s: %s", change, e)
 
     async def _check_dimension(self, db: Database, dimension: int) -> None:
         """The vectors stored have this backend's dimension, or start-up stops (never mixed)."""
@@ -252,6 +321,8 @@ class VectorMemory(MemoryBackend):
 
     async def close(self) -> None:
         await self.embedder.close()
+        for task in list(self._catching_up):
+            task.cancel()
         async with self._lock:
             index, self._index = self._index, None
             if index is not None and index.dirty:
@@ -346,6 +417,7 @@ class VectorMemory(MemoryBackend):
             self._count += 1
             # committed: a crash from here on leaves the note to the next start's catch-up
             await asyncio.to_thread(index.add, [row.id], vector[None, :])
+        await self._announce(str(row.id))
         return note
 
     async def search(self, query: str, limit: int) -> list[Note]:
@@ -414,6 +486,7 @@ class VectorMemory(MemoryBackend):
             self._count -= 1
             if self._index is not None:
                 self._index.remove(row.id)
+        await self._announce(f"-{row.id}")
         return True
 
     async def mark_used(self, note_ids: Sequence[str]) -> None:
@@ -455,6 +528,8 @@ class VectorMemory(MemoryBackend):
             if self._index is not None:
                 for label in stale:
                     self._index.remove(label)
+        for start in range(0, len(stale), 500):  # a notification's payload is capped (8000 B)
+            await self._announce(",".join(f"-{label}" for label in stale[start : start + 500]))
         return len(stale)
 
     async def count(self) -> int:

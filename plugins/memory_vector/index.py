@@ -83,7 +83,9 @@ class AnnIndex:
         """Write the index, then its sidecar, each to a temporary file renamed over the old."""
         if self.path is None or self.sidecar is None:
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        # of this process: instances on one host may share the file (the sidecar's checksum
+        # turns a mixed pair into a rebuild, never a wrong index)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.index.save_index(str(tmp))
             with open(tmp, "rb+") as f:
@@ -92,7 +94,7 @@ class AnnIndex:
             os.replace(tmp, self.path)
             meta = {"dimension": self.dimension, "size": size, "crc32": crc,
                     "labels": sorted(self.labels)}  # fmt: skip
-            side = self.sidecar.with_name(self.sidecar.name + ".tmp")
+            side = self.sidecar.with_name(f"{self.sidecar.name}.{os.getpid()}.tmp")
             side.write_text(json.dumps(meta))
             os.replace(side, self.sidecar)
         finally:

@@ -425,6 +425,9 @@ class A2AService:
             stored = await self.store.get(request.id)
             if stored is None:
                 raise errors.TaskNotFoundError(message=f"task {request.id} not found")
+            cancelled = await self._cancel_elsewhere(stored)
+            if cancelled is not None:
+                return cancelled
             raise errors.TaskNotCancelableError(
                 message=f"task {request.id} is {S.Name(stored.task.status.state)}"
             )
@@ -452,6 +455,34 @@ class A2AService:
             return run.snapshot()[0]
         run.publish(Update("status_update", self._status_event(run.task)))
         return run.snapshot()[0]
+
+    async def _cancel_elsewhere(self, stored: StoredTask) -> pb.Task | None:
+        """A task another instance follows (many instances on one database): its turn is
+        stopped through the conversation, which passes it on to the instance that runs it,
+        whose follower records the task ``CANCELED``; None when its turn is over or unknown."""
+        if stored.task.status.state in TERMINAL:
+            return None
+        conv = await self.agent.get_conversation(stored.conversation_id)
+        open_turns = [t.id for t in await self.agent.store.open_turns(stored.conversation_id)]
+        if conv is None or stored.turn_id not in open_turns:
+            return None
+        # behind another turn: taken out of the queue. At the head it may be running (a turn
+        # is recorded running only at its first step): interrupted on its owner
+        if open_turns[0] != stored.turn_id and await conv.cancel_queued(stored.turn_id):
+            task: pb.Task = stored.task
+            self._settle(task, S.TASK_STATE_CANCELED, "")
+            await self.store.save(task)
+            return task
+        interrupted = False
+        for _ in range(200):  # the owner records its end (a few ms; 10 s at most)
+            now = await self.store.get(stored.task.id)
+            if now is not None and now.task.status.state in TERMINAL:
+                ended: pb.Task = now.task
+                return ended
+            # once: again only while its owner had not started it yet
+            interrupted = interrupted or await conv.ainterrupt()
+            await asyncio.sleep(0.05)
+        return None
 
     async def subscribe(self, task_id: str) -> TaskRun:
         run = self.runs.get(task_id)

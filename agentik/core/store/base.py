@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import peewee
 
 from agentik.core.db import Database
+from agentik.core.events import SharedEvents
+from agentik.core.jobs import Leader
 from agentik.core.llm import HistoryItem
 from agentik.core.turns import TurnRecord, TurnState, TurnStateError, TurnUpdate, answered
 from agentik.core.types import ConversationInfo, Message
@@ -348,6 +350,12 @@ class Store(abc.ABC):
         """The background calls' counts per feature (:meth:`add_background_usage`)."""
         return {}
 
+    def shared_events(self, instance_id: str) -> SharedEvents | None:
+        """How the agent's instances on this store's database share their events (many
+        instances on one PostgreSQL database), ``instance_id`` being this one; None: one
+        instance, its events stay in its process."""
+        return None
+
     @abc.abstractmethod
     async def read_state(self, key: str) -> str | None:
         """A small fact about the agent, or None."""
@@ -355,6 +363,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def write_state(self, key: str, value: str | None) -> None:
         """Set (or with None, delete) a small fact about the agent."""
+
+    def leader(self) -> Leader | None:
+        """What decides which instance runs each periodic job (:class:`~agentik.core.jobs.
+        JobRunner`) when several share this store (PostgreSQL); None: this process is the
+        only one, every job runs here."""
+        return None
 
 
 def turn_context(assistant_payload: dict[str, Any]) -> int | None:

@@ -36,6 +36,7 @@ from playhouse.pwasyncio import (
 
 from agentik.core import models
 from agentik.core.db import Database, DatabaseInUse
+from agentik.core.events import SharedEvents
 from agentik.core.store.base import Lease, LeaseLost, SharedStore
 from agentik.core.store.sql import SqlStore
 from agentik.core.store.url import shown_url
@@ -78,6 +79,14 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0
 LIMIT 1
 """
 _APPLICATION_NAME = f"agentik pid {os.getpid()} on {socket.gethostname()}"[:63]
+
+# a periodic job's lock (two keys: never the instance lock's one-key form): held by the
+# session of the instance that runs it, so it is free again the moment that session ends
+_TAKE_JOB_LOCK = (
+    "SELECT pg_try_advisory_lock(hashtext('agentik job ' || current_schema()), hashtext($1))"
+)
+#: seconds a leader's check may take before its connection counts as lost
+_LEAD_TIMEOUT = 5.0
 
 # a page of the audit log cut where its payloads' sizes (characters, as SQLite's store counts
 # them) pass max_bytes; the first message always comes
@@ -512,6 +521,53 @@ def _peewee_error(e: Exception) -> Exception:
     return peewee.DatabaseError(str(e))
 
 
+class PgLeader:
+    """Periodic jobs on one instance at a time (:class:`agentik.core.jobs.Leader`): a session
+    advisory lock per job, taken with ``pg_try_advisory_lock`` on a connection held for them.
+    The server frees a lock when its session ends (a stop, a crash, a lost connection): the
+    next instance to ask takes it; this one learns it lost it when the connection is lost
+    (seen at once, or at its next check) and stops the job."""
+
+    def __init__(self, db: PgDatabase) -> None:
+        self.db = db
+        self._conn: asyncpg.Connection | None = None
+        self._held: dict[str, asyncio.Event] = {}  # the jobs it leads: set when lost
+        self._asking = asyncio.Lock()  # one question at a time on the one connection
+
+    async def lead(self, job: str) -> asyncio.Event | None:
+        async with self._asking:
+            return await self._lead(job)
+
+    async def _lead(self, job: str) -> asyncio.Event | None:
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._lost()
+                conn = self._conn = await self.db._connect()
+                conn.add_termination_listener(lambda c: self._lost() if c is self._conn else None)
+            if job in self._held:  # a live session still holds its session locks
+                await self._conn.fetchval("SELECT 1", timeout=_LEAD_TIMEOUT)
+            elif await self._conn.fetchval(_TAKE_JOB_LOCK, job, timeout=_LEAD_TIMEOUT):
+                self._held[job] = asyncio.Event()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            self._lost()
+            return None
+        return self._held.get(job)
+
+    def _lost(self) -> None:
+        held, self._held = self._held, {}
+        for lost in held.values():
+            lost.set()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()  # its locks go with it, on the server too
+
+    async def close(self) -> None:
+        conn, self._conn, self._held = self._conn, None, {}
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
 class PostgresStore(SqlStore):
     db: PgDatabase
 
@@ -545,6 +601,15 @@ class PostgresStore(SqlStore):
         self.db.db.bind([self._usage])
         await self.db.create_tables(lambda: self.db.execute(_APPEND_ONLY))
 
+    def shared_events(self, instance_id: str) -> SharedEvents | None:
+        """Many instances on this database (not ``exclusive``): their events go through the
+        event table (agentik.core.store.pg_events); one instance keeps them in its process."""
+        if self.db.exclusive:
+            return None
+        from agentik.core.store.pg_events import PgEvents
+
+        return PgEvents(self.db, instance_id)
+
     async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
         self.db.db.bind(models)
 
@@ -554,8 +619,15 @@ class PostgresStore(SqlStore):
     def _serialize(self, conversation_id: str) -> None:
         self.db.execute(_SERIALIZE, (conversation_id,))
 
+    # --- many instances on one database (issue 26) ------------------------------------------
+
     def shared(self) -> SharedStore:
         return self
+
+    def leader(self) -> PgLeader | None:
+        """Many instances on this database (not ``exclusive``): a periodic job runs where its
+        lock is held; one instance runs every job, as on SQLite."""
+        return None if self.db.exclusive else PgLeader(self.db)
 
     async def notify(self, name: str, payload: str = "") -> None:
         await self.db.notify(name, payload)
@@ -567,8 +639,6 @@ class PostgresStore(SqlStore):
         caught_up: Callable[[], None] | None = None,
     ) -> None:
         await self.db.listen(name, callback, caught_up)
-
-    # --- many instances on one database (issue 26, item 2) --------------------------------
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         """This instance is alive for ``ttl`` more seconds (the database server's clock): one
