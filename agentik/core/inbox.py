@@ -150,6 +150,10 @@ class Inbox:
             self.refresh(nudge=True)
             return record.user
         self.queue.append(record)
+        if conv.ownership.shared:
+            # sends another instance stored before this one may not have reached this queue
+            # yet (their wake is on its way): the store's order first, before the next turn
+            self._reload = True
         self.start()
         self._announce(record)
         return record.user
