@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,9 @@ async def main(args: Any) -> dict[str, Any]:
     from tests.postgres import start_server
 
     common.raise_fd_limit()
+    # a timeout's SIGTERM unwinds through the finally below: the instances, HAProxy and the
+    # PostgreSQL server are stopped (they run in sessions of their own)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reps = common.repeats(args, 5, 2)
     n_turns = 5 if args.quick else 20
     n_burst = 200 if args.quick else 500
