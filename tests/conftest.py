@@ -72,6 +72,7 @@ class TestDatabases:
     """On PostgreSQL, what each SQLite path of one test becomes: a schema of its own per path
     (a restart on the same file finds its data), a new one for each ``:memory:``."""
 
+    __test__ = False  # not a test class (test modules import it)
     current: TestDatabases | None = None  # the running test's (AGENTIK_TEST_DATABASE=postgres)
 
     def __init__(self, server: PostgresServer) -> None:
