@@ -314,3 +314,51 @@ async def test_a_killed_owners_turn_is_taken_over_before_its_heartbeat_expires(i
     await wait_until(lambda: ("stuck", "B") in room.ran, timeout=8)
     items = await replies(b_client, cid, 1)
     assert texts(items) == [("user", "stuck"), ("assistant", "echo: stuck")]
+
+
+async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
+    """A turn is recorded running only at its first step: while the owner's first model call
+    runs, the table still says queued. A cancel through another instance asks the owner, which
+    refuses it for the turn it runs (it ends once, with its reply and one End) and cancels the
+    one still in its queue (never run)."""
+    room = instances.room
+    a_client, a = await instances("A")
+    b_client, b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("first")
+    first = await send(a_client, cid, "first")
+    await wait_until(lambda: ("first", "A") in room.ran)
+    second = await send(b_client, cid, "second")
+    third = await send(a_client, cid, "third")
+    on_a = a.live_conversation(cid)
+    assert on_a is not None
+    ends: list[str | None] = []
+    reader = on_a.event_items()
+
+    async def read() -> None:
+        async for item in reader:
+            if item.event.type == "End":
+                ends.append(item.turn_id)
+
+    reading = asyncio.create_task(read())
+    conv_b = await b.get_conversation(cid)
+    assert conv_b is not None and not b.ownership.owns(cid)
+    assert (await conv_b.turn(first["id"])).state.value == "queued"  # (its first model call)
+    assert await conv_b.cancel_queued(first["id"]) is False  # A runs it
+    assert await conv_b.cancel_queued(second["id"]) is True  # still queued on A
+    room.release.set()
+    items = await replies(b_client, cid, 3)
+    assert texts(items) == [
+        ("user", "first"),
+        ("user", "second"),
+        ("user", "third"),
+        ("assistant", "echo: first"),
+        ("assistant", "echo: third"),
+    ]
+    assert [m.get("code") for m in items if m["type"] == "error"] == ["cancelled"]
+    assert [t for t, _ in room.ran] == ["first", "third"]
+    assert (await conv_b.turn(first["id"])).state.value == "done"
+    await wait_until(lambda: len(ends) >= 2)
+    await asyncio.sleep(0.2)
+    reading.cancel()
+    assert ends == [first["id"], third["id"]]
