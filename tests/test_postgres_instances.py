@@ -362,3 +362,37 @@ async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
     await asyncio.sleep(0.2)
     reading.cancel()
     assert ends == [first["id"], third["id"]]
+
+
+async def test_a_starting_instance_does_not_follow_an_a2a_task_another_runs(
+    instances, postgres_url, aiohttp_client
+):
+    """A2A's recover() runs on every instance that starts: a task whose conversation another
+    live instance runs is followed there, not a second time by the new one (two followers
+    both recorded its end)."""
+    from tests.test_a2a import BUILTINS, rpc, text_message
+
+    room = instances.room
+    room.hang.add("long")
+
+    async def a2a_instance(name: str):
+        app = make_app(llm=RoomLLM(room, name), builtins=BUILTINS,
+                       env={"AGENTIK_DATABASE_URL": postgres_url})  # fmt: skip
+        return await aiohttp_client(app), app[AGENT]
+
+    a_client, _a = await a2a_instance("A")
+    params = {"message": text_message("long"), "configuration": {"returnImmediately": True}}
+    task = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    await wait_until(lambda: ("long", "A") in room.ran)
+    _b_client, b = await a2a_instance("B")
+    tasks_b = b.state["agentik_transport_a2a"]
+    followed = tasks_b._service.runs if tasks_b._service is not None else {}
+    assert task["id"] not in followed
+    room.release.set()
+
+    for _ in range(200):  # its follower on A records its end
+        got = (await rpc(a_client, "GetTask", {"id": task["id"]}))["result"]
+        if got["status"]["state"] == "TASK_STATE_COMPLETED":
+            break
+        await asyncio.sleep(0.05)
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED"

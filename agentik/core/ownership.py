@@ -80,6 +80,11 @@ class Ownership:
     async def start(self) -> int:
         return 0
 
+    async def elsewhere(self, conversation_id: str) -> bool:
+        """Whether another live instance runs the conversation's turns now (holds its
+        lease)."""
+        return False
+
     async def others_alive(self) -> bool:
         """Whether other instances share the store now (a stop hands its turns to them)."""
         return False
@@ -276,6 +281,11 @@ class SharedOwnership(Ownership):
             self.agent.drop(conversation_id, deleted=True)
         elif op == "rename":
             self.agent.jobs.spawn(f"rename {conversation_id}", conv.reload_info())
+
+    async def elsewhere(self, conversation_id: str) -> bool:
+        if conversation_id in self.leases:
+            return False
+        return await self.store.held_elsewhere(conversation_id, self.instance)
 
     async def others_alive(self) -> bool:
         try:

@@ -223,6 +223,11 @@ class A2AService:
             count += 1
             end = await self.store.turn_end(stored.turn_id)
             conv = await self.agent.get_conversation(stored.conversation_id)
+            if end is None and conv is not None and await conv.ownership.elsewhere(conv.id):
+                # many instances: another one runs its conversation now, and the task is
+                # followed there (or by the instance it was sent through): not a second time
+                count -= 1
+                continue
             if end is None and conv is not None:
                 run = TaskRun(stored.task, conv, stored.turn_id)
                 pending = [p for p in await conv.approvals() if p.turn_id == stored.turn_id]
