@@ -562,3 +562,40 @@ async def test_a_temporary_conversation_is_served_by_every_instance(cluster, fak
         await send(s, b.base, cid, "short-lived")
         pairs = turn_pairs(await settled(s, a.base, cid, 1))
     assert pairs == [("short-lived", "echo: short-lived")]
+
+
+#: (reader, sender) as offsets from the instance that made the conversation
+PLACES = ((1, 2), (2, 1), (0, 1), (0, 2), (1, 0), (2, 0))
+
+
+@needs(OWNERSHIP, EVENTS)
+async def test_round_robin_turns_end_for_a_reader_on_a_third_instance(cluster, fake_openai_proc):
+    """The round-robin pattern of B30: the conversations made first (spread over the
+    instances), then for each one the SSE stream opened on one instance and the send posted to
+    another, a new conversation per turn: every reader gets its turn's End. (The placements
+    are chosen, not left to HAProxy: with the reader on the instance that made the
+    conversation and a new owner that does not move its log above every id issued before,
+    the reader's log drops the owner's events as repeats: B30's lost Ends.)"""
+    cluster.start(3, ROUND_ROBIN)
+    nodes = cluster.instances
+    await reset_fake(fake_openai_proc, {"text": "a b c d e f g h", "delay": 0.005})
+    turns = int(os.environ.get("AGENTIK_TEST_RR_TURNS", "24"))
+    missing = []
+    async with aiohttp.ClientSession() as s:
+        cids = [await create(s, nodes[i % 3].base) for i in range(turns)]
+        for i, cid in enumerate(cids):
+            # every placement: the reader and the sender each on a third instance, or one
+            # of them on the instance that made the conversation
+            r, w = PLACES[(i // 3) % len(PLACES)]
+            reader, sender = nodes[(i + r) % 3], nodes[(i + w) % 3]
+            events = await s.get(f"{reader.base}/agentik/conversations/{cid}/events")
+            await send(s, sender.base, cid, f"turn {i}")
+            try:
+                frames = await read_sse(events, timeout=10)
+            except TimeoutError:
+                missing.append(i)
+                continue
+            finally:
+                events.close()
+            assert [f["event"] for f in frames].count("End") == 1
+    assert not missing, f"turns whose End never came: {missing} of {turns}"

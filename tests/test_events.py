@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentik.core.events import EventIds, EventLog, SharedEventLog, SharedEvents
-from agentik.core.types import AppendText, End, Gap
+from agentik.core.types import AppendText, End, Gap, UserMessage
 
 
 async def read(log: EventLog, after: int | None, n: int) -> list:
@@ -227,3 +227,24 @@ async def test_a_shared_log_keeps_relayed_ids_and_finds_a_readers_place_by_id():
     got = await read(log, 101, 5)
     assert got[0].event == Gap(101) and [i.seq for i in got[1:]] == [1001, 1002, 1003, 1004]
     assert [i.seq for i in await read(log, 102, 4)] == [1001, 1002, 1003, 1004]  # none lost
+
+
+async def test_a_send_announced_by_its_owner_and_again_by_the_one_that_took_it_over_is_read_once():
+    """An owner whose lease expired silently announces a send it took; the instance that
+    took the conversation over announces it again when it takes up the queued turns (and a
+    takeover announces every queued one): each reader gets it once."""
+    shared = _Alone()
+    log = SharedEventLog(16, EventIds(), shared, "c1", 0)
+    log.relay(5, UserMessage(id="m1"))  # the old owner's announcement
+    log.skip_to(1000)  # this instance takes the conversation over
+    log.publish(UserMessage(id="m1"))  # ... and takes up the queued send
+    log.publish(UserMessage(id="m2"))
+    log.relay(1500, UserMessage(id="m2"))  # another instance's late copy
+    log.publish(End())
+    got = await read(log, 0, 3)
+    assert [(i.seq, type(i.event).__name__) for i in got] == [
+        (5, "UserMessage"),
+        (1001, "UserMessage"),
+        (1002, "End"),
+    ]
+    assert shared.sent == [("c1", 1001), ("c1", 1002)]

@@ -314,3 +314,85 @@ async def test_a_killed_owners_turn_is_taken_over_before_its_heartbeat_expires(i
     await wait_until(lambda: ("stuck", "B") in room.ran, timeout=8)
     items = await replies(b_client, cid, 1)
     assert texts(items) == [("user", "stuck"), ("assistant", "echo: stuck")]
+
+
+async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
+    """A turn is recorded running only at its first step: while the owner's first model call
+    runs, the table still says queued. A cancel through another instance asks the owner, which
+    refuses it for the turn it runs (it ends once, with its reply and one End) and cancels the
+    one still in its queue (never run)."""
+    room = instances.room
+    a_client, a = await instances("A")
+    b_client, b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("first")
+    first = await send(a_client, cid, "first")
+    await wait_until(lambda: ("first", "A") in room.ran)
+    second = await send(b_client, cid, "second")
+    third = await send(a_client, cid, "third")
+    on_a = a.live_conversation(cid)
+    assert on_a is not None
+    ends: list[str | None] = []
+    reader = on_a.event_items()
+
+    async def read() -> None:
+        async for item in reader:
+            if item.event.type == "End":
+                ends.append(item.turn_id)
+
+    reading = asyncio.create_task(read())
+    conv_b = await b.get_conversation(cid)
+    assert conv_b is not None and not b.ownership.owns(cid)
+    assert (await conv_b.turn(first["id"])).state.value == "queued"  # (its first model call)
+    assert await conv_b.cancel_queued(first["id"]) is False  # A runs it
+    assert await conv_b.cancel_queued(second["id"]) is True  # still queued on A
+    room.release.set()
+    items = await replies(b_client, cid, 3)
+    assert texts(items) == [
+        ("user", "first"),
+        ("user", "second"),
+        ("user", "third"),
+        ("assistant", "echo: first"),
+        ("assistant", "echo: third"),
+    ]
+    assert [m.get("code") for m in items if m["type"] == "error"] == ["cancelled"]
+    assert [t for t, _ in room.ran] == ["first", "third"]
+    assert (await conv_b.turn(first["id"])).state.value == "done"
+    await wait_until(lambda: len(ends) >= 2)
+    await asyncio.sleep(0.2)
+    reading.cancel()
+    assert ends == [first["id"], third["id"]]
+
+
+async def test_a_starting_instance_does_not_follow_an_a2a_task_another_runs(
+    instances, postgres_url, aiohttp_client
+):
+    """A2A's recover() runs on every instance that starts: a task whose conversation another
+    live instance runs is followed there, not a second time by the new one (two followers
+    both recorded its end)."""
+    from tests.test_a2a import BUILTINS, rpc, text_message
+
+    room = instances.room
+    room.hang.add("long")
+
+    async def a2a_instance(name: str):
+        app = make_app(llm=RoomLLM(room, name), builtins=BUILTINS,
+                       env={"AGENTIK_DATABASE_URL": postgres_url})  # fmt: skip
+        return await aiohttp_client(app), app[AGENT]
+
+    a_client, _a = await a2a_instance("A")
+    params = {"message": text_message("long"), "configuration": {"returnImmediately": True}}
+    task = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    await wait_until(lambda: ("long", "A") in room.ran)
+    _b_client, b = await a2a_instance("B")
+    tasks_b = b.state["agentik_transport_a2a"]
+    followed = tasks_b._service.runs if tasks_b._service is not None else {}
+    assert task["id"] not in followed
+    room.release.set()
+
+    for _ in range(200):  # its follower on A records its end
+        got = (await rpc(a_client, "GetTask", {"id": task["id"]}))["result"]
+        if got["status"]["state"] == "TASK_STATE_COMPLETED":
+            break
+        await asyncio.sleep(0.05)
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED"

@@ -248,7 +248,11 @@ class ChatAgent:
         (``start``: the newest id of its stream the database holds, for one loaded here)."""
         if self.shared_events is None or info.is_temporal:  # a temporary one lives here only
             return EventLog(self.event_buffer, self.event_ids)
-        return SharedEventLog(self.event_buffer, self.event_ids, self.shared_events, info.id, start)
+        # one made here (start None) has no event anywhere yet: from 0, not from this
+        # instance's counter, so whatever its producer gives it is news (a producer moves its
+        # log above every id issued before: produce_events)
+        shared = self.shared_events
+        return SharedEventLog(self.event_buffer, self.event_ids, shared, info.id, start or 0)
 
     async def resume(self) -> int:
         """Take up the turns the last stop left to run, in order (called once the tools are

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable
 from itertools import islice
 from typing import Any
 
-from agentik.core.types import End, Event, Gap
+from agentik.core.types import End, Event, Gap, UserMessage
 
 #: event ids reserved at once (a write of the agent's mark; on many instances, one block of
 #: the database's sequence)
@@ -284,8 +284,24 @@ class SharedEventLog(EventLog):
         if start is not None:
             self._seq = start
         self._floor = self._seq
+        #: the sends announced in this log lately (a takeover announces again the queued
+        #: sends it takes up: one its last owner announced already is not news)
+        self._announced: dict[str, None] = {}
+
+    def _repeat(self, event: Event) -> bool:
+        """A ``UserMessage`` this log holds already (else noted as held)."""
+        if not isinstance(event, UserMessage):
+            return False
+        if event.id in self._announced:
+            return True
+        self._announced[event.id] = None
+        if len(self._announced) > (self._items.maxlen or 1024):
+            del self._announced[next(iter(self._announced))]
+        return False
 
     def publish(self, event: Event, turn_id: str | None = None) -> int:
+        if self._repeat(event):
+            return self._seq
         self._dropping()
         seq = super().publish(event, turn_id)
         self.shared.put(self.stream, seq, event, turn_id)
@@ -293,8 +309,9 @@ class SharedEventLog(EventLog):
 
     def relay(self, seq: int, event: Event, turn_id: str | None = None) -> None:
         """An event another instance published in this stream, with its id; one not above
-        the newest here is a repeat, or older than this log: dropped."""
-        if seq <= self._seq:
+        the newest here is a repeat, or older than this log: dropped (a send announced
+        twice, by an owner and by the instance that took it over, too)."""
+        if seq <= self._seq or self._repeat(event):
             return
         self._dropping()
         self._seq = seq
@@ -348,7 +365,17 @@ class SharedEventLog(EventLog):
             replayed = await self.shared.replay(self.stream, cursor)
         if replayed is None:
             return self._gap(cursor)
-        return replayed
+        seen: set[str] = set()  # a send announced twice (see _repeat) is read once
+        return [i for i in replayed if not _announced_before(i.event, seen)]
+
+
+def _announced_before(event: Event, seen: set[str]) -> bool:
+    if not isinstance(event, UserMessage):
+        return False
+    if event.id in seen:
+        return True
+    seen.add(event.id)
+    return False
 
 
 class AgentEventLog(SharedEventLog):

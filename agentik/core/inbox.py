@@ -69,6 +69,10 @@ class Inbox:
         self._answering = asyncio.Lock()
         self._reload = False  # the store holds turns of it this inbox has not taken up
         self._nudge = False  # ... that this instance stored: its owner must hear of them
+        #: the turn the worker took to run now (it may not be recorded running yet)
+        self.taken: str | None = None
+        #: queued turns cancelled in the store that a read of it may still bring in
+        self._dropped: set[str] = set()
         for record in open_turns:
             if record.state is TurnState.QUEUED:
                 self.queue.append(record)
@@ -233,13 +237,20 @@ class Inbox:
                 self.held = None
             elif self.queue:
                 record = self.queue.popleft()
+                if record.id in self._dropped:  # cancelled through another instance
+                    self._dropped.discard(record.id)
+                    continue
             else:
                 break
+            self.taken = record.id
             cancel, self._cancel = record.id == self._cancel, None
             cut = record.id in self._cut
             self._cut.discard(record.id)
             links = self._answer_traces.pop(record.id, ())
-            result = await conv.runner.run(record, cut=cut, cancel=cancel, trace_links=links)
+            try:
+                result = await conv.runner.run(record, cut=cut, cancel=cancel, trace_links=links)
+            finally:
+                self.taken = None
             if result.state is TurnState.WAITING:
                 self.held = self._answered.pop(result.id, result)
 
@@ -262,6 +273,7 @@ class Inbox:
         later = [r for r in self.queue if r.id not in before and r.id not in stored]
         queued = [t for t in turns if t.state is TurnState.QUEUED]
         self.queue = deque([*queued, *later])
+        self._dropped &= {r.id for r in self.queue}  # the others were read as over
         head = next((t for t in turns if t.state is not TurnState.QUEUED), None)
         if head is not None and head.state is TurnState.RUNNING:
             held = self.held
@@ -327,16 +339,23 @@ class Inbox:
 
     async def cancel_queued(self, message_id: str) -> bool:
         conv = self.conv
-        if not conv.ownership.owns(conv.id):
-            # its owner may be starting it: the store cancels it only while it is queued
+        ownership = conv.ownership
+        if not ownership.owns(conv.id):
             turn = await conv.turn(message_id)
             if turn is None or turn.state is not TurnState.QUEUED:
                 return False
-            error = error_record(conv.id, message_id, "cancelled before it started", "cancelled")
-            if not await conv.store.cancel_queued_turn(conv.id, message_id, error):
-                return False
-            conv.ownership.wake(conv.id)  # its owner drops it from its queue
-            return True
+            if not await ownership.take(conv.id):
+                # its owner may have started it (a turn is recorded running only with its
+                # first step): the owner says (None: no answer in time, nothing cancelled)
+                return bool(await ownership.ask(conv.id, "cancel", message_id))
+            # no live owner: this instance runs the conversation's turns from now on
+            cancelled = await self._cancel_here(message_id)
+            self.refresh()  # the rest of the store's queue
+            return cancelled
+        return await self._cancel_here(message_id)
+
+    async def _cancel_here(self, message_id: str) -> bool:
+        """Cancel a queued turn of a conversation this instance owns."""
         for record in self.queue:
             if record.id == message_id:
                 self.queue.remove(record)  # now, before any await: the worker cannot take it
@@ -345,7 +364,16 @@ class Inbox:
                 )
                 await self.conv.store.fail_turn(self.conv.id, record.id, error, TurnState.CANCELLED)
                 return True
-        return False
+        if not self.conv.ownership.shared or message_id == self.taken:
+            return False
+        # stored by another instance, not taken up here yet (its wake is on its way): the
+        # store cancels it while it is queued, and the worker skips it if a read of the
+        # store under way brings it in
+        error = error_record(self.conv.id, message_id, "cancelled before it started", "cancelled")
+        if not await self.conv.store.cancel_queued_turn(self.conv.id, message_id, error):
+            return False
+        self._dropped.add(message_id)
+        return True
 
     async def answer(self, turn_id: str, call_id: str, answer: Any) -> TurnRecord:
         """Give a waiting turn the answer to one of its waits; the turn goes on once every

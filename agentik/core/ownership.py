@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 
 import peewee
@@ -25,11 +26,14 @@ from agentik.core.store.base import Lease, SharedStore
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
+    from agentik.core.conversation import ChatConversation
 
 log = logging.getLogger(__name__)
 
 WAKE = "wake"
 CONTROL = "control"
+#: seconds an instance waits for the answer of a conversation's owner (ask)
+ASK_TIMEOUT = 5.0
 
 
 class Ownership:
@@ -65,11 +69,21 @@ class Ownership:
     def tell(self, conversation_id: str, op: str) -> None:
         """Tell every instance about a conversation (``control``)."""
 
+    async def ask(self, conversation_id: str, op: str, turn_id: str) -> bool | None:
+        """Ask the conversation's owner to do ``op`` (``cancel``) to one of its turns: what it
+        answered, or None when no answer came in time."""
+        return None
+
     async def open(self) -> None:
         pass
 
     async def start(self) -> int:
         return 0
+
+    async def elsewhere(self, conversation_id: str) -> bool:
+        """Whether another live instance runs the conversation's turns now (holds its
+        lease)."""
+        return False
 
     async def others_alive(self) -> bool:
         """Whether other instances share the store now (a stop hands its turns to them)."""
@@ -96,6 +110,8 @@ class SharedOwnership(Ownership):
         self.leases: dict[str, Lease] = {}
         self._sweeping: asyncio.Task[Any] | None = None
         self._sweep_again = False
+        #: questions asked to owners (ask), by their key, until answered
+        self._asked: dict[str, asyncio.Future[bool]] = {}
 
     def owns(self, conversation_id: str) -> bool:
         return conversation_id in self.leases
@@ -147,6 +163,28 @@ class SharedOwnership(Ownership):
     def tell(self, conversation_id: str, op: str) -> None:
         payload = json.dumps({"conversation": conversation_id, "op": op})
         self.agent.jobs.spawn(f"{op} {conversation_id}", self.store.notify(CONTROL, payload))
+
+    async def ask(self, conversation_id: str, op: str, turn_id: str) -> bool | None:
+        key = secrets.token_hex(8)
+        answer = self._asked[key] = asyncio.get_running_loop().create_future()
+        question = {"conversation": conversation_id, "op": op, "turn": turn_id, "ask": key,
+                    "from": self.instance}  # fmt: skip
+        try:
+            await self.store.notify(CONTROL, json.dumps(question))
+            return await asyncio.wait_for(answer, ASK_TIMEOUT)
+        except TimeoutError:
+            log.warning("no answer from the owner of %s to %s %s", conversation_id, op, turn_id)
+            return None
+        finally:
+            self._asked.pop(key, None)
+
+    async def _answer(self, conv: ChatConversation, question: dict[str, Any]) -> None:
+        """An owner's answer to :meth:`ask` (``cancel``: whether the turn was still queued
+        here; one this instance started is not cancelled)."""
+        ok = await conv.inbox.cancel_queued(str(question["turn"]))
+        answer = {"conversation": conv.id, "op": "answer", "ask": question["ask"],
+                  "to": question["from"], "ok": ok}  # fmt: skip
+        await self.store.notify(CONTROL, json.dumps(answer))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -225,16 +263,29 @@ class SharedOwnership(Ownership):
         except (ValueError, KeyError, TypeError):
             log.warning("a control notification that is not ours: %r", payload[:200])
             return
+        if op == "answer":
+            if data.get("to") == self.instance:
+                asked = self._asked.get(str(data.get("ask")))
+                if asked is not None and not asked.done():
+                    asked.set_result(bool(data.get("ok")))
+            return
         conv = self.agent.live_conversation(conversation_id)
         if conv is None:
             return
         if op == "interrupt" and self.owns(conversation_id):
             conv.interrupt()
+        elif op == "cancel" and self.owns(conversation_id):
+            self.agent.jobs.spawn(f"cancel {conversation_id}", self._answer(conv, data))
         elif op == "forget":
             self.leases.pop(conversation_id, None)
             self.agent.drop(conversation_id, deleted=True)
         elif op == "rename":
             self.agent.jobs.spawn(f"rename {conversation_id}", conv.reload_info())
+
+    async def elsewhere(self, conversation_id: str) -> bool:
+        if conversation_id in self.leases:
+            return False
+        return await self.store.held_elsewhere(conversation_id, self.instance)
 
     async def others_alive(self) -> bool:
         try:

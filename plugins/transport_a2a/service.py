@@ -223,6 +223,11 @@ class A2AService:
             count += 1
             end = await self.store.turn_end(stored.turn_id)
             conv = await self.agent.get_conversation(stored.conversation_id)
+            if end is None and conv is not None and await conv.ownership.elsewhere(conv.id):
+                # many instances: another one runs its conversation now, and the task is
+                # followed there (or by the instance it was sent through): not a second time
+                count -= 1
+                continue
             if end is None and conv is not None:
                 run = TaskRun(stored.task, conv, stored.turn_id)
                 pending = [p for p in await conv.approvals() if p.turn_id == stored.turn_id]
@@ -466,9 +471,9 @@ class A2AService:
         open_turns = [t.id for t in await self.agent.store.open_turns(stored.conversation_id)]
         if conv is None or stored.turn_id not in open_turns:
             return None
-        # behind another turn: taken out of the queue. At the head it may be running (a turn
-        # is recorded running only at its first step): interrupted on its owner
-        if open_turns[0] != stored.turn_id and await conv.cancel_queued(stored.turn_id):
+        # not started: taken out of the queue (its owner says whether it started it: a turn is
+        # recorded running only at its first step); started: interrupted on its owner
+        if await conv.cancel_queued(stored.turn_id):
             task: pb.Task = stored.task
             self._settle(task, S.TASK_STATE_CANCELED, "")
             await self.store.save(task)

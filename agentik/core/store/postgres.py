@@ -123,6 +123,12 @@ _OTHERS_ALIVE = (
     "SELECT count(*) FROM agentik_instance WHERE id <> ? AND expires_at > now() "
     f"AND NOT pg_try_advisory_xact_lock({_LIVE_KEY.format('id')})"
 )
+# the conversation's lease is held by another instance alive now
+_HELD_ELSEWHERE = (
+    "SELECT count(*) FROM conversation_lease l JOIN agentik_instance i ON i.id = l.owner "
+    "WHERE l.conversation_id = ? AND l.owner <> ? AND i.expires_at > now() "
+    f"AND NOT pg_try_advisory_xact_lock({_LIVE_KEY.format('l.owner')})"
+)
 # sends and answers to one conversation from several instances: one after the other
 _SERIALIZE = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
@@ -681,6 +687,12 @@ class PostgresStore(SqlStore):
         return int(
             await self.db.read(lambda: self.db.execute(_OTHERS_ALIVE, (instance,)).fetchone()[0])
         )
+
+    async def held_elsewhere(self, conversation_id: str, instance: str) -> bool:
+        """Whether another live instance holds the conversation's lease now."""
+        params = (conversation_id, instance)
+        count = await self.db.read(lambda: self.db.execute(_HELD_ELSEWHERE, params).fetchone()[0])
+        return int(count) > 0
 
     async def orphaned(self, instance: str) -> list[str]:
         """The conversations with turns to run (queued, or running) whose lease is free or
