@@ -396,3 +396,45 @@ async def test_a_starting_instance_does_not_follow_an_a2a_task_another_runs(
             break
         await asyncio.sleep(0.05)
     assert got["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+async def test_a_task_whose_follower_is_gone_is_settled_by_another_instance(
+    instances, postgres_url, aiohttp_client, monkeypatch
+):
+    """An A2A task is followed by the instance it was sent through; when that one is gone (its
+    follower cancelled, as by its death) while the conversation's owner runs the turn, one of
+    the instances records the task's end from the audit log."""
+    import agentik_transport_a2a
+    from tests.test_a2a import BUILTINS, rpc, text_message
+
+    monkeypatch.setattr(agentik_transport_a2a, "ORPHANS_EVERY", 0.2)
+    monkeypatch.setattr(agentik_transport_a2a, "ORPHAN_GRACE", 0.0)
+    room = instances.room
+    room.hang.add("second")
+
+    async def a2a_instance(name: str):
+        app = make_app(llm=RoomLLM(room, name), builtins=BUILTINS,
+                       env={"AGENTIK_DATABASE_URL": postgres_url})  # fmt: skip
+        return await aiohttp_client(app), app[AGENT]
+
+    b_client, _b = await a2a_instance("B")
+    first = (await rpc(b_client, "SendMessage", {"message": text_message("first")}))["result"]
+    context = first["task"]["contextId"]
+    await wait_until(lambda: ("first", "B") in room.ran)  # B owns the conversation now
+    a_client, a = await a2a_instance("A")
+    params = {
+        "message": text_message("second", contextId=context),
+        "configuration": {"returnImmediately": True},
+    }
+    task = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    await wait_until(lambda: ("second", "B") in room.ran)  # its owner runs it, A follows it
+    await a.state["agentik_transport_a2a"].close()  # A's follower is gone
+    room.release.set()
+
+    for _ in range(200):
+        got = (await rpc(b_client, "GetTask", {"id": task["id"]}))["result"]
+        if got["status"]["state"] == "TASK_STATE_COMPLETED":
+            break
+        await asyncio.sleep(0.05)
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert got["artifacts"][0]["parts"][0]["text"] == "echo: second"

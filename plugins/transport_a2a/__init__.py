@@ -108,6 +108,25 @@ def register_services(register: Callable[..., None], agent: ChatAgent) -> None:
     register("a2a-tasks", tasks)
 
 
+#: many instances: how often one of them settles the tasks whose follower died (seconds), and
+#: how long after its turn's end a task is left to its follower
+ORPHANS_EVERY = 15.0
+ORPHAN_GRACE = 10.0
+
+
+@hookimpl
+def register_jobs(register: Callable[..., None], agent: ChatAgent, settings: Settings) -> None:
+    if not agent.ownership.shared:  # one instance follows every task it took
+        return
+
+    async def settle() -> None:
+        tasks = agent.state.get(STATE)
+        if tasks is not None:
+            await tasks.settle_orphans(ORPHAN_GRACE)
+
+    register("a2a: tasks whose follower is gone", settle, interval=ORPHANS_EVERY)
+
+
 def _urls(settings: Settings) -> tuple[str, str]:
     base = settings["AGENTIK_PUBLIC_URL"]
     if base is None:

@@ -251,6 +251,26 @@ class A2AService:
             log.info("a2a: settled %d task(s) left unfinished by the last stop", count)
         return count
 
+    async def settle_ended(self, grace: float) -> int:
+        """Many instances: a task is followed by the instance it was sent through, and when
+        that one dies while another instance runs the turn, nobody records the task's end.
+        Settle, from the audit log, each unfinished task not followed here whose turn ended
+        more than ``grace`` seconds ago (a live follower records it within moments, and a
+        second write of the same end changes nothing). Returns how many."""
+        count = 0
+        for stored in await self.store.unfinished():
+            if stored.task.id in self.runs:
+                continue
+            end = await self.store.core.turn_end(stored.turn_id)
+            if end is None or (utcnow() - end.created_at).total_seconds() < grace:
+                continue
+            self._settle_from_record(stored.task, end.kind, end.payload)
+            await self.store.save(stored.task)
+            count += 1
+        if count:
+            log.info("a2a: settled %d task(s) whose follower was gone", count)
+        return count
+
     async def close(self) -> None:
         runners = [r.runner for r in self.runs.values() if r.runner is not None]
         for runner in runners:

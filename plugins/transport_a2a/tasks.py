@@ -144,6 +144,12 @@ class Tasks:
         if await self.store.has_unfinished():
             await self.service().recover()
 
+    async def settle_orphans(self, grace: float) -> int:
+        """:meth:`A2AService.settle_ended` (loading a2a-sdk only if a task is unfinished)."""
+        if not await self.store.has_unfinished():
+            return 0
+        return await self.service().settle_ended(grace)
+
     async def close(self) -> None:
         if self._service is not None:
             await self._service.close()
