@@ -204,6 +204,9 @@ class _Alone(SharedEvents):
     async def replay(self, stream: str, after: int):
         return None  # the database holds nothing: a Gap
 
+    async def flush(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

@@ -438,3 +438,44 @@ async def test_a_task_whose_follower_is_gone_is_settled_by_another_instance(
         await asyncio.sleep(0.05)
     assert got["status"]["state"] == "TASK_STATE_COMPLETED"
     assert got["artifacts"][0]["parts"][0]["text"] == "echo: second"
+
+
+async def test_a_database_restart_does_not_make_live_instances_take_each_others_turns(
+    aiohttp_client,
+):
+    """A restart of the server frees every instance's lock until its next beat: an instance
+    that swept as soon as it was back would take the live others' conversations (their turns
+    redone, non-idempotent calls cut). None is taken: the owner finishes its turn."""
+    from tests.postgres import start_server
+
+    server = start_server()
+    if isinstance(server, str):
+        pytest.skip(server)
+    url = server.fresh_url()
+    room = Room()
+    clients = []
+
+    async def start(name: str):
+        env = {"AGENTIK_DATABASE_URL": url, "AGENTIK_LEASE_TTL": "1.5"}
+        app = make_app(llm=RoomLLM(room, name), env=env)
+        clients.append(await aiohttp_client(app))
+        return clients[-1], app[AGENT]
+
+    try:
+        a_client, a = await start("A")
+        _b_client, b = await start("B")
+        cid = await new_conversation(a_client)
+        room.hang.add("long")
+        await send(a_client, cid, "long")
+        await wait_until(lambda: ("long", "A") in room.ran)
+        await asyncio.to_thread(server.restart)
+        await asyncio.sleep(3)  # six beats: each instance swept after it beat again
+        assert ("long", "B") not in room.ran and not b.ownership.owns(cid)
+        room.release.set()
+        items = await replies(a_client, cid, 1, timeout=20)
+        assert texts(items) == [("user", "long"), ("assistant", "echo: long")]
+        assert a.ownership.owns(cid)
+    finally:
+        for client in clients:  # before their database goes
+            await client.close()
+        server.stop()

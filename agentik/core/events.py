@@ -256,6 +256,10 @@ class SharedEvents(abc.ABC):
         came after it may be lost."""
 
     @abc.abstractmethod
+    async def flush(self) -> None:
+        """Send what is pending now (a hand-off: before another instance produces more)."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Send what is pending and stop relaying."""
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 import peewee
@@ -110,6 +111,11 @@ class SharedOwnership(Ownership):
         self.leases: dict[str, Lease] = {}
         self._sweeping: asyncio.Task[Any] | None = None
         self._sweep_again = False
+        #: sweeps wait for start() (the tools, memory and services up) ...
+        self._started = False
+        #: ... and, after this instance's connection to the server was lost, for every instance
+        #: to beat (and lock) again: until then a live one looks gone (time.monotonic())
+        self._quiet_until = 0.0
         #: questions asked to owners (ask), by their key, until answered
         self._asked: dict[str, asyncio.Future[bool]] = {}
 
@@ -127,10 +133,12 @@ class SharedOwnership(Ownership):
             return False
         if lease is None:
             return False
-        self.leases[conversation_id] = lease
         conv = self.agent.live_conversation(conversation_id)
         if conv is not None:  # its events' ids go on above every id the last owner gave
             await self.agent.produce_events(conv)
+        # owned from now on: not before its new ids (a send taken meanwhile would go the
+        # owner's way with ids of the last owner's range)
+        self.leases[conversation_id] = lease
         return True
 
     def fenced(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
@@ -189,21 +197,29 @@ class SharedOwnership(Ownership):
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Beat once (this instance is alive from now on), and listen."""
+        """Beat (this instance is alive from now on, every third of the lease's time to live,
+        also while the rest starts), and listen."""
         await self.store.heartbeat(self.instance, self.ttl)
+        self.agent.jobs.every("heartbeat", self.ttl / 3, self._beat)
         await self.store.listen(WAKE, self._woken, self._missed)
         await self.store.listen(CONTROL, self._control)
 
     async def start(self) -> int:
-        """Take up what no live instance runs (called once the tools are up), then beat and
-        sweep every third of the lease's time to live; returns how many turns."""
-        count = await self.sweep()
-        self.agent.jobs.every("heartbeat", self.ttl / 3, self._beat)
-        return count
+        """Take up what no live instance runs (called once the tools, memory and services are
+        up: no turn runs here before), then sweep at every beat; returns how many turns."""
+        self._started = True
+        return await self.sweep()
 
     async def _beat(self) -> None:
-        await self.store.heartbeat(self.instance, self.ttl)
+        if await self.store.heartbeat(self.instance, self.ttl):
+            self._lost_connection()
         self._sweep_soon()
+
+    def _lost_connection(self) -> None:
+        """This instance's lock was taken again: its connection had been lost, maybe with a
+        restart of the server, which freed every instance's lock until its next beat. No sweep
+        until the others have beaten too, or it would take their conversations."""
+        self._quiet_until = time.monotonic() + self.ttl / 3 + 0.5
 
     async def sweep(self) -> int:
         """Every conversation with turns to run (queued, or running: answered, or cut by its
@@ -230,7 +246,9 @@ class SharedOwnership(Ownership):
 
     def _sweep_soon(self) -> None:
         """A sweep in the background, one at a time (a request for one while one runs makes
-        it run once more)."""
+        it run once more); none before start() or while quiet (a later beat sweeps)."""
+        if not self._started or time.monotonic() < self._quiet_until:
+            return
         if self._sweeping is not None and not self._sweeping.done():
             self._sweep_again = True
             return
@@ -251,9 +269,17 @@ class SharedOwnership(Ownership):
             self._sweep_soon()
 
     def _missed(self) -> None:
-        """The notifications were cut (the server restarted): look at everything again."""
+        """The notifications were cut (the server restarted): beat at once (take the lock
+        again), take up what this instance owns, and sweep once every instance beat again."""
+        self._lost_connection()
         for conversation_id in list(self.leases):
             self._woken(conversation_id)
+        self.agent.jobs.spawn("catching up", self._catch_up())
+
+    async def _catch_up(self) -> None:
+        with contextlib.suppress(Exception):  # the next beat tries again
+            await self.store.heartbeat(self.instance, self.ttl)
+        await asyncio.sleep(max(0.0, self._quiet_until - time.monotonic()))
         self._sweep_soon()
 
     def _control(self, payload: str) -> None:
@@ -299,6 +325,11 @@ class SharedOwnership(Ownership):
         and the other instances are told, so one of them resumes each turn from its last
         recorded step."""
         leases, self.leases = list(self.leases.values()), {}
+        if leases and self.agent.shared_events is not None:
+            # their last events reach the table before another instance produces more with
+            # higher ids (a row that came after those would be dropped as a repeat)
+            with contextlib.suppress(Exception):
+                await self.agent.shared_events.flush()
         for lease in leases:
             try:
                 await self.store.release(lease)

@@ -130,7 +130,9 @@ _HELD_ELSEWHERE = (
     f"AND NOT pg_try_advisory_xact_lock({_LIVE_KEY.format('l.owner')})"
 )
 # sends and answers to one conversation from several instances: one after the other
-_SERIALIZE = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
+# (NO KEY: the owner's writes of the conversation's rows check their foreign key with a KEY
+# SHARE lock, which this does not block)
+_SERIALIZE = "SELECT 1 FROM conversation WHERE id = ? FOR NO KEY UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
 # if free or if its owner's heartbeat expired; no row: a live instance holds it
 _ACQUIRE = (
@@ -273,9 +275,10 @@ class PgDatabase:
         async with self._writing:
             return await self._run(fn, _BEGIN_SCHEMA)
 
-    async def beat(self, sql: str, params: Sequence[Any], instance: str) -> None:
+    async def beat(self, sql: str, params: Sequence[Any], instance: str) -> bool:
         """The heartbeat statement of ``instance``, on a connection of its own that holds the
-        instance's session lock while this process lives (taken again after a reconnect)."""
+        instance's session lock while this process lives (taken again after a reconnect);
+        True when this beat took the lock (the first, or after the connection was lost)."""
         if not self._open:  # closed, or terminated (a crash): never alive again
             raise RuntimeError("the database is not open")
         conn = self._beating
@@ -285,14 +288,16 @@ class PgDatabase:
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
                 raise _peewee_error(e) from e
             self._alive_as = None
+        took = False
         try:
             if self._alive_as != instance and await conn.fetchval(_HOLD_LIVE, instance):
-                self._alive_as = instance
+                self._alive_as, took = instance, True
             await run_shape(conn, self._shapes, sql, params)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
             conn.terminate()
             self._beating = None
             raise _peewee_error(e) from e
+        return took
 
     async def _connect(self) -> asyncpg.Connection:
         # a commit waits for its WAL flush only when it is durable (write(durable=True) turns it
@@ -646,11 +651,13 @@ class PostgresStore(SqlStore):
     ) -> None:
         await self.db.listen(name, callback, caught_up)
 
-    async def heartbeat(self, instance: str, ttl: float) -> None:
+    async def heartbeat(self, instance: str, ttl: float) -> bool:
         """This instance is alive for ``ttl`` more seconds (the database server's clock): one
         statement a beat, whatever the number of conversations it owns, on a connection that
-        holds the instance's lock while this process lives."""
-        await self.db.beat(_HEARTBEAT, (instance, ttl), instance)
+        holds the instance's lock while this process lives. True when the beat took that lock
+        again (its connection was new: after a lost connection, or a restart of the server,
+        which freed every instance's lock)."""
+        return await self.db.beat(_HEARTBEAT, (instance, ttl), instance)
 
     async def acquire(self, conversation_id: str, instance: str) -> Lease | None:
         """The conversation's lease for ``instance`` (its own again: the same epoch; free or
