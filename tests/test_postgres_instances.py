@@ -438,3 +438,40 @@ async def test_a_task_whose_follower_is_gone_is_settled_by_another_instance(
         await asyncio.sleep(0.05)
     assert got["status"]["state"] == "TASK_STATE_COMPLETED"
     assert got["artifacts"][0]["parts"][0]["text"] == "echo: second"
+
+
+async def test_an_approval_through_an_instance_that_saw_the_turn_run_runs_the_tool(instances):
+    """B loaded the conversation while A ran its turn; the turn then waits for an approval, A
+    stops (its lease is handed over), and the user approves through B: B takes the turn up
+    as the answer says (the approved tool runs), not as a turn a crash cut."""
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, _a = await instances("A", [call], plugins=plugins)
+    b_client, b = await instances("B", ["landed"], plugins=plugins)
+    cid = await new_conversation(a_client)
+    room.hang.add("go")
+    await send(a_client, cid, "go")
+    await wait_until(lambda: ("go", "A") in room.ran)
+    await history(b_client, cid)  # B loads it while A runs the turn
+    assert b.live_conversation(cid) is not None
+    room.release.set()
+
+    async def pending():
+        r = await b_client.get(f"/agentik/conversations/{cid}/approvals")
+        return (await r.json())["items"]
+
+    items: list[Any] = []
+    for _ in range(200):
+        items = await pending()
+        if items:
+            break
+        await asyncio.sleep(0.05)
+    assert [i["callId"] for i in items] == ["c1"]
+    await a_client.close()  # A stops: the waiting turn's lease is handed over
+    r = await b_client.post(f"/agentik/conversations/{cid}/approvals/c1", json={"approve": True})
+    assert r.status == 200, await r.text()
+    done = await replies(b_client, cid, 1)
+    assert done[-1]["type"] == "assistant" and done[-1]["text"] == "landed"
+    assert tools.ran == ["launch moon"]  # approved: it runs

@@ -78,7 +78,9 @@ class Inbox:
                 self.queue.append(record)
             elif self.held is None:
                 self.held = record
-                if record.state is TurnState.RUNNING:
+                # alone on its store, a running turn found at start-up was cut by a crash;
+                # where instances share it, another may run it now (_take_up decides)
+                if record.state is TurnState.RUNNING and not conv.ownership.shared:
                     self._cut.add(record.id)
 
     @property
@@ -275,11 +277,8 @@ class Inbox:
         self.queue = deque([*queued, *later])
         self._dropped &= {r.id for r in self.queue}  # the others were read as over
         head = next((t for t in turns if t.state is not TurnState.QUEUED), None)
-        if head is not None and head.state is TurnState.RUNNING:
-            held = self.held
-            answered = held is not None and held.id == head.id and held.state is TurnState.WAITING
-            if not answered and (held is None or held.id != head.id or head.id in self._cut):
-                self._cut.add(head.id)  # its owner ended while it ran
+        if head is not None and head.state is TurnState.RUNNING and not _answered_wait(head):
+            self._cut.add(head.id)  # its owner ended while it ran
         self.held = head
         for record in queued:
             if record.id not in local:
@@ -423,3 +422,9 @@ class Inbox:
             if state is TurnState.RUNNING:
                 self.start()
             return record
+
+
+def _answered_wait(turn: TurnRecord) -> bool:
+    """A running turn whose waits all have their answers: nobody went on with it yet (the
+    instance that takes it up does, as the answers say), so no call of it was cut."""
+    return bool(turn.waits) and all(w.answered for w in turn.waits)
