@@ -505,10 +505,12 @@ async def test_a_send_while_the_sweeper_takes_over_runs_each_turn_once(instances
     for task in a.jobs._periodic:
         task.cancel()
     room.hang.discard("stuck")
-    await wait_until(read.is_set, timeout=8)
-    await send(b_client, cid, "after")
-    await wait_until(lambda: ("after", "B") in room.ran, timeout=8)
-    go_on.set()
+    try:
+        await wait_until(read.is_set, timeout=8)
+        await send(b_client, cid, "after")
+        await wait_until(lambda: ("after", "B") in room.ran, timeout=8)
+    finally:
+        go_on.set()  # (a held read would hold the app's close too)
     await asyncio.sleep(0.5)
     items = await replies(b_client, cid, 2)
     assert sorted(texts(items)) == [
