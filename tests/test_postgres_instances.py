@@ -479,3 +479,83 @@ async def test_a_database_restart_does_not_make_live_instances_take_each_others_
         for client in clients:  # before their database goes
             await client.close()
         server.stop()
+async def test_an_approval_through_an_instance_that_saw_the_turn_run_runs_the_tool(instances):
+    """B loaded the conversation while A ran its turn; the turn then waits for an approval, A
+    stops (its lease is handed over), and the user approves through B: B takes the turn up
+    as the answer says (the approved tool runs), not as a turn a crash cut."""
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, _a = await instances("A", [call], plugins=plugins)
+    b_client, b = await instances("B", ["landed"], plugins=plugins)
+    cid = await new_conversation(a_client)
+    room.hang.add("go")
+    await send(a_client, cid, "go")
+    await wait_until(lambda: ("go", "A") in room.ran)
+    await history(b_client, cid)  # B loads it while A runs the turn
+    assert b.live_conversation(cid) is not None
+    room.release.set()
+
+    async def pending():
+        r = await b_client.get(f"/agentik/conversations/{cid}/approvals")
+        return (await r.json())["items"]
+
+    items: list[Any] = []
+    for _ in range(200):
+        items = await pending()
+        if items:
+            break
+        await asyncio.sleep(0.05)
+    assert [i["callId"] for i in items] == ["c1"]
+    await a_client.close()  # A stops: the waiting turn's lease is handed over
+    r = await b_client.post(f"/agentik/conversations/{cid}/approvals/c1", json={"approve": True})
+    assert r.status == 200, await r.text()
+    done = await replies(b_client, cid, 1)
+    assert done[-1]["type"] == "assistant" and done[-1]["text"] == "landed"
+    assert tools.ran == ["launch moon"]  # approved: it runs
+
+
+async def test_a_send_while_the_sweeper_takes_over_runs_each_turn_once(instances):
+    """B's sweeper takes over a killed owner's conversation; a send through B lands while the
+    take-over reads the store (its read is held back here to widen that window): B's worker
+    runs the cut turn and the send, each once, and nothing the take-over read before is run
+    again or drops the send."""
+    room = instances.room
+    a_client, a = await instances("A")
+    b_client, b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("stuck")
+    await send(a_client, cid, "stuck")
+    await wait_until(lambda: ("stuck", "A") in room.ran)
+    await history(b_client, cid)  # B has it in memory (a reader there)
+    read, go_on = asyncio.Event(), asyncio.Event()
+    open_turns = b.store.open_turns
+
+    async def held_back(*args: Any, **kwargs: Any) -> Any:
+        turns = await open_turns(*args, **kwargs)
+        if b.ownership.owns(cid) and not read.is_set():  # the sweeper's read, after its take
+            read.set()
+            await go_on.wait()
+        return turns
+
+    b.store.open_turns = held_back  # type: ignore[method-assign]
+    a.store.db.terminate()  # kill -9
+    for task in a.jobs._periodic:
+        task.cancel()
+    room.hang.discard("stuck")
+    try:
+        await wait_until(read.is_set, timeout=8)
+        await send(b_client, cid, "after")
+        await wait_until(lambda: ("after", "B") in room.ran, timeout=8)
+    finally:
+        go_on.set()  # (a held read would hold the app's close too)
+    await asyncio.sleep(0.5)
+    items = await replies(b_client, cid, 2)
+    assert sorted(texts(items)) == [
+        ("assistant", "echo: after"),
+        ("assistant", "echo: stuck"),
+        ("user", "after"),
+        ("user", "stuck"),
+    ]
+    assert [t for t, who in room.ran if who == "B"] == ["stuck", "after"]

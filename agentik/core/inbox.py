@@ -69,6 +69,9 @@ class Inbox:
         self._answering = asyncio.Lock()
         self._reload = False  # the store holds turns of it this inbox has not taken up
         self._nudge = False  # ... that this instance stored: its owner must hear of them
+        #: the sweeper took the lease from an owner that is gone: the worker's next take-up
+        #: applies the resume rules first (True: that owner ended without a hand-over)
+        self._settle: bool | None = None
         #: the turn the worker took to run now (it may not be recorded running yet)
         self.taken: str | None = None
         #: queued turns cancelled in the store that a read of it may still bring in
@@ -78,7 +81,9 @@ class Inbox:
                 self.queue.append(record)
             elif self.held is None:
                 self.held = record
-                if record.state is TurnState.RUNNING:
+                # alone on its store, a running turn found at start-up was cut by a crash;
+                # where instances share it, another may run it now (_take_up decides)
+                if record.state is TurnState.RUNNING and not conv.ownership.shared:
                     self._cut.add(record.id)
 
     @property
@@ -187,12 +192,14 @@ class Inbox:
         self.start()
 
     async def take_over(self, *, unclean: bool) -> int:
-        """The sweeper took this conversation's lease (no worker runs here): the resume rules
-        for what its last owner left (``unclean``: it ended without handing it over, so its
-        first queued turn may have started), then its turns run; returns how many will."""
-        turns = await self._settle_turns(await self.conv.store.open_turns(self.conv.id), unclean)
-        await self._take_up(turns)
-        self.start()
+        """The sweeper took this conversation's lease: the worker takes up what its last owner
+        left, after the resume rules (``unclean``: it ended without handing it over, so its
+        first queued turn may have started); returns how many turns the store has to run.
+        The worker does it, not the sweeper: one may have started while the lease was taken
+        (a send here, a wake), and two take-ups of one store's turns would run one twice."""
+        self._settle = unclean or bool(self._settle)
+        self.refresh()
+        turns = await self.conv.store.open_turns(self.conv.id)
         return sum(t.state is not TurnState.WAITING for t in turns)
 
     def _holding(self) -> bool:
@@ -254,7 +261,7 @@ class Inbox:
             if result.state is TurnState.WAITING:
                 self.held = self._answered.pop(result.id, result)
 
-    async def _take_up(self, turns: list[TurnRecord] | None = None) -> None:
+    async def _take_up(self) -> None:
         """Take this conversation's open turns as the store has them, between two turns (none
         runs here): its queue in the store's order (deduplicated by id: sends this instance
         took meanwhile come after), the turn at its head that holds the line (answered
@@ -264,8 +271,10 @@ class Inbox:
         conv = self.conv
         self._reload = False
         before = {r.id for r in self.queue}
-        if turns is None:
-            turns = await conv.store.open_turns(conv.id)
+        turns = await conv.store.open_turns(conv.id)
+        if self._settle is not None:  # taken over by the sweeper
+            turns = await self._settle_turns(turns, self._settle)
+            self._settle = None
         stored = {t.id for t in turns}
         local = {r.id for r in self.queue}
         # sends taken here during the read come after; those that were queued here and are
@@ -275,11 +284,8 @@ class Inbox:
         self.queue = deque([*queued, *later])
         self._dropped &= {r.id for r in self.queue}  # the others were read as over
         head = next((t for t in turns if t.state is not TurnState.QUEUED), None)
-        if head is not None and head.state is TurnState.RUNNING:
-            held = self.held
-            answered = held is not None and held.id == head.id and held.state is TurnState.WAITING
-            if not answered and (held is None or held.id != head.id or head.id in self._cut):
-                self._cut.add(head.id)  # its owner ended while it ran
+        if head is not None and head.state is TurnState.RUNNING and not _answered_wait(head):
+            self._cut.add(head.id)  # its owner ended while it ran
         self.held = head
         for record in queued:
             if record.id not in local:
@@ -423,3 +429,9 @@ class Inbox:
             if state is TurnState.RUNNING:
                 self.start()
             return record
+
+
+def _answered_wait(turn: TurnRecord) -> bool:
+    """A running turn whose waits all have their answers: nobody went on with it yet (the
+    instance that takes it up does, as the answers say), so no call of it was cut."""
+    return bool(turn.waits) and all(w.answered for w in turn.waits)

@@ -238,10 +238,9 @@ class SharedOwnership(Ownership):
                 continue
             if not await self.take(conversation_id):
                 continue  # another instance was first
-            lease = self.leases[conversation_id]
-            with self.store.fenced(lease):
-                # epoch 2 or more: it was taken from an owner that ended without a hand-over
-                count += await conv.inbox.take_over(unclean=lease.epoch > 1)
+            # epoch 2 or more: it was taken from an owner that ended without a hand-over
+            unclean = self.leases[conversation_id].epoch > 1
+            count += await conv.inbox.take_over(unclean=unclean)
         return count
 
     def _sweep_soon(self) -> None:
