@@ -479,6 +479,8 @@ async def test_a_database_restart_does_not_make_live_instances_take_each_others_
         for client in clients:  # before their database goes
             await client.close()
         server.stop()
+
+
 async def test_an_approval_through_an_instance_that_saw_the_turn_run_runs_the_tool(instances):
     """B loaded the conversation while A ran its turn; the turn then waits for an approval, A
     stops (its lease is handed over), and the user approves through B: B takes the turn up
