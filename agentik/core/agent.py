@@ -87,8 +87,6 @@ class ChatAgent:
         #: this process among the instances of the agent on one database
         self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.store = store
-        #: this process among the instances that may share the store
-        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         shared = store.shared()
         #: which conversations this instance runs: all of them, unless it shares its store
         #: with other instances (PostgreSQL: agentik.core.ownership)
