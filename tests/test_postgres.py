@@ -210,6 +210,35 @@ async def test_a_second_instance_on_the_same_schema_starts_beside_the_first(post
         assert await c.ownership.take(conv_.id)
 
 
+async def test_a_start_on_an_existing_schema_locks_none_of_its_tables(postgres_url):
+    """An instance starting while others write: its schema step creates only what is missing,
+    so it neither waits for their transactions nor makes them wait (CREATE INDEX IF NOT EXISTS
+    at every start held the tables' locks together and deadlocked with running turns)."""
+    import asyncpg
+
+    from agentik.core.store.pg_events import PgEvents
+
+    first = store_on(postgres_url)
+    await first.open()
+    (model,) = for_agent(Note)
+    await first.add_models([model])
+    await PgEvents(first.db, "first").start(lambda _stream: None)
+    writer = await asyncpg.connect(postgres_url)  # its search_path: the test's schema
+    try:
+        # a turn's write under way on another instance: its tables' ROW EXCLUSIVE locks held
+        tables = "message, turn, working_memory, conversation, agentik_event, "
+        tables += model._meta.table_name
+        await writer.execute(f"BEGIN; LOCK TABLE {tables} IN ROW EXCLUSIVE MODE")
+        second = store_on(postgres_url)
+        await asyncio.wait_for(second.open(), 10)  # blocked for good before
+        await asyncio.wait_for(second.add_models([model]), 10)
+        await asyncio.wait_for(PgEvents(second.db, "second").start(lambda _stream: None), 10)
+        await second.close()
+    finally:
+        await writer.close()
+        await first.close()
+
+
 async def test_notifications_reach_every_listener_of_the_schema_and_survive_a_restart():
     """Instances tell each other through the server: a notification reaches each listener on
     the same schema (not another schema's); after the server restarts, the listener is opened

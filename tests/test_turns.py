@@ -13,11 +13,13 @@ from agentik import hookimpl
 from agentik.core.inbox import NotWaiting
 from agentik.core.llm import LLMError, ToolCallRequest
 from agentik.core.plugins import Plugins
+from agentik.core.progress import Progress
+from agentik.core.records import utcnow
 from agentik.core.testing import ScriptedLLM
 from agentik.core.tool_steps import CUT_CALL
 from agentik.core.tools import tool
-from agentik.core.turns import TurnState, TurnStateError, Wait, check_move
-from agentik.core.types import TextPart, UnknownReference
+from agentik.core.turns import TurnRecord, TurnState, TurnStateError, Wait, check_move
+from agentik.core.types import Message, TextPart, UnknownReference
 from tests.conftest import collect_turn
 
 Q, R, W, D, F, C = (TurnState.QUEUED, TurnState.RUNNING, TurnState.WAITING, TurnState.DONE,
@@ -395,6 +397,23 @@ async def test_a_turn_whose_end_could_not_be_recorded_is_taken_up_at_the_next_st
     conv2 = await agent2.get_conversation(conv.id)
     await conv2.wait_idle()
     assert (await history(conv2))[-1] == ("assistant", "echo: x")
+
+
+async def test_a_move_counts_only_once_written():
+    """A turn whose end could not be written is still running: its failure can be recorded
+    (taken for done, its failure was refused as a move from done, on PostgreSQL read as ended
+    elsewhere: the turn stayed running in the store, unanswered)."""
+
+    class Refusing:
+        async def append(self, *args, **kwargs):
+            raise OSError("deadlock detected")
+
+    user = Message("u1", "c1", "user", utcnow(), {"content": [{"type": "text", "body": "x"}]})
+    turn = Progress(TurnRecord(user, R))
+    with pytest.raises(OSError):
+        await turn.write(Refusing(), update=turn.move(D))  # type: ignore[arg-type]
+    assert turn.state is R
+    check_move(turn.state, F)
 
 
 async def test_a_failing_step_after_a_wait_fails_the_turn_and_cleans_working_memory(make_agent):

@@ -58,8 +58,9 @@ class Progress:
         self.compactions = 0  # of working memory while the turn ran (set by the runner)
 
     def move(self, state: TurnState, waits: tuple[Wait, ...] = ()) -> TurnUpdate:
+        """The checked move, for :meth:`write` (the turn is in its new state once that wrote
+        it: after a failed write it can still fail)."""
         check_move(self.state, state)
-        self.state, self.waits = state, waits
         return TurnUpdate(state, self.steps, waits)
 
     async def write(
@@ -76,6 +77,8 @@ class Progress:
         # interrupted (see Store.append); a shield per write was a third of a tool hop (B13)
         cid = self.record.conversation_id
         await store.append(cid, messages, memory, turn_id=self.id, turn=update)
+        if update is not None:
+            self.state, self.waits = update.state, update.waits
 
     def count(self, usage: Usage | None) -> None:
         """Add one finished step's counts."""

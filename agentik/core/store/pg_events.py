@@ -164,7 +164,7 @@ class PgEvents(SharedEvents):
         self._channel = self.db.channel("events")
 
         def create() -> int:
-            self.db.db.create_tables([self._model], safe=True)
+            self.db.create_missing([self._model])
             self.db.execute(_UNLOGGED)
             self.db.execute(_ID_BLOCKS)
             return int(self.db.execute(_NEWEST).fetchone()[0])

@@ -53,13 +53,24 @@ _PLACEHOLDER = re.compile(r"\?|%s|%%")
 _ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW|TABLE|EXPLAIN)\b|\bRETURNING\b", re.IGNORECASE)
 
 # the append-only audit log, as SQLite's trigger keeps it (agentik.core.models)
+# created once: a DROP/CREATE TRIGGER at every start locked the message table (ACCESS
+# EXCLUSIVE) while the other instances ran turns
 _APPEND_ONLY = """
 CREATE OR REPLACE FUNCTION message_append_only() RETURNS trigger AS $$
 BEGIN RAISE EXCEPTION 'message is an append-only audit log'; END $$ LANGUAGE plpgsql;
-DROP TRIGGER IF EXISTS message_append_only ON message;
-CREATE TRIGGER message_append_only BEFORE UPDATE ON message
-FOR EACH ROW EXECUTE FUNCTION message_append_only();
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                 WHERE tgname = 'message_append_only' AND tgrelid = 'message'::regclass) THEN
+    CREATE TRIGGER message_append_only BEFORE UPDATE ON message
+    FOR EACH ROW EXECUTE FUNCTION message_append_only();
+  END IF;
+END $$
 """
+# the tables and indexes of the schema in use
+_RELATIONS = (
+    "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema()"
+)
 # a durable write waits for the WAL flush (see write)
 _BEGIN = "BEGIN"
 _BEGIN_DURABLE = "BEGIN; SET LOCAL synchronous_commit TO on"
@@ -267,13 +278,24 @@ class PgDatabase:
         self._open = True
         self.db.bind(tables)
 
-        await self.create_tables(lambda: self.db.create_tables(tables, safe=True))
+        await self.create_tables(lambda: self.create_missing(tables))
 
     async def create_tables(self, fn: Callable[[], T]) -> T:
         """A write that creates tables: one instance at a time (CREATE … IF NOT EXISTS races
         with itself)."""
         async with self._writing:
             return await self._run(fn, _BEGIN_SCHEMA)
+
+    def create_missing(self, models: Sequence[type[peewee.Model]]) -> None:
+        """Create the tables and indexes of ``models`` that the schema lacks (in a
+        :meth:`create_tables` function), and touch none that is there: CREATE … IF NOT
+        EXISTS locks a table it finds (SHARE, until the commit), so a starting instance's
+        schema transaction, holding the locks of several tables, deadlocked with the turns
+        the other instances were writing."""
+        there = {str(r[0]) for r in self.execute(_RELATIONS).fetchall()}
+        missing = [m for m in models if not _complete(m, there)]
+        if missing:
+            self.db.create_tables(missing, safe=True)
 
     async def beat(self, sql: str, params: Sequence[Any], instance: str) -> bool:
         """The heartbeat statement of ``instance``, on a connection of its own that holds the
@@ -504,6 +526,12 @@ class PgDatabase:
         return cast(T, result)
 
 
+def _complete(model: type[peewee.Model], there: set[str]) -> bool:
+    """Whether the model's table and all its indexes are among the relations ``there``."""
+    names = [model._meta.table_name, *(i._name for i in model._meta.fields_to_index())]
+    return all(name in there for name in names)
+
+
 def _fenced(db: PgDatabase, fence: Lease, fn: Callable[[], T]) -> Callable[[], T]:
     def checked() -> T:
         # FOR SHARE: a takeover (an UPDATE of the lease) waits for this write's commit
@@ -624,7 +652,7 @@ class PostgresStore(SqlStore):
     async def add_models(self, models: list[type[peewee.Model]]) -> Database | None:
         self.db.db.bind(models)
 
-        await self.db.create_tables(lambda: self.db.db.create_tables(models, safe=True))
+        await self.db.create_tables(lambda: self.db.create_missing(models))
         return cast(Database, self.db)  # the same read/write/execute
 
     def _serialize(self, conversation_id: str) -> None:
