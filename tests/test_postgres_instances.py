@@ -15,8 +15,10 @@ import pytest
 
 from agentik.core.app import AGENT
 from agentik.core.llm import LLMChunk, LLMInput, TextDelta, ToolCallRequest, UserInput
+from agentik.core.records import new_id, utcnow
 from agentik.core.testing import ScriptedConversation, ScriptedLLM, make_app
 from agentik.core.tools import tool
+from agentik.core.types import Message
 from agentik.hookspecs import hookimpl
 from tests.conftest import wait_until
 
@@ -561,3 +563,39 @@ async def test_a_send_while_the_sweeper_takes_over_runs_each_turn_once(instances
         ("user", "stuck"),
     ]
     assert [t for t, who in room.ran if who == "B"] == ["stuck", "after"]
+
+
+async def store_a_send(agent, cid: str, text: str) -> None:
+    """What an instance does with a send before it tells the conversation's owner: store it
+    (then it is killed, and the owner is never told)."""
+    payload = {"content": [{"type": "text", "body": text}]}
+    await agent.store.add_user_message(Message(new_id("msg"), cid, "user", utcnow(), payload))
+
+
+async def test_a_send_the_owner_never_heard_of_is_run_by_its_sweep(instances):
+    room = instances.room
+    a_client, _a = await instances("A", AGENTIK_LEASE_TTL="0.6")
+    _b_client, b = await instances("B", AGENTIK_LEASE_TTL="0.6")
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "first")
+    await replies(a_client, cid, 1)  # A owns it, idle
+    await store_a_send(b, cid, "second")  # B stored it and was killed before its wake
+    items = await replies(a_client, cid, 2, timeout=10)
+    assert texts(items)[-2:] == [("user", "second"), ("assistant", "echo: second")]
+    assert room.ran == [("first", "A"), ("second", "A")]
+
+
+async def test_a_lease_left_behind_by_a_failed_release_is_taken_up_by_its_holder(instances):
+    room = instances.room
+    a_client, a = await instances("A", AGENTIK_LEASE_TTL="0.6")
+    _b_client, b = await instances("B", AGENTIK_LEASE_TTL="0.6")
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "first")
+    await replies(a_client, cid, 1)
+    # evicted while its release failed: the store still says A holds it, A's memory does not
+    a.ownership.leases.pop(cid)
+    a.drop(cid)
+    await store_a_send(b, cid, "second")
+    items = await replies(a_client, cid, 2, timeout=10)
+    assert texts(items)[-2:] == [("user", "second"), ("assistant", "echo: second")]
+    assert room.ran == [("first", "A"), ("second", "A")]

@@ -210,23 +210,29 @@ class Inbox:
     async def _drain(self) -> None:
         conv = self.conv
         ownership = conv.ownership
-        if not ownership.owns(conv.id):
-            if not await ownership.take(conv.id):
-                # another instance runs its turns: what this one holds of them is stale
-                if self._nudge:
-                    ownership.wake(conv.id)
-                self._reload = self._nudge = False
-                self.queue.clear()
-                self.held = None
-                self._cut.clear()
-                return
-            self._reload = True  # taken: the store has what the last owner left, or sends
-        self._nudge = False
         try:
+            if not ownership.owns(conv.id):
+                if not await ownership.take(conv.id):
+                    # another instance runs its turns: what this one holds of them is stale
+                    if self._nudge:
+                        ownership.wake(conv.id)
+                    self._reload = self._nudge = False
+                    self.queue.clear()
+                    self.held = None
+                    self._cut.clear()
+                    return
+                self._reload = True  # taken: the store has what the last owner left, or sends
+            self._nudge = False
             with ownership.fenced(conv.id):
                 await self._run_turns()
         except LeaseLost:  # another instance took the conversation over
             ownership.lost(conv.id)
+            return
+        except Exception as e:  # the database is away (a read of it, the lease's write)
+            # the next start takes up the store (where instances share it, the sweep of the
+            # conversation's owner starts one)
+            log.warning("the turns of %s stopped: %s", conv.id, e)
+            self._reload = True
             return
         # once this worker is done, this conversation is idle and may be dropped too
         asyncio.get_running_loop().call_soon(conv.agent.conversation_idle)

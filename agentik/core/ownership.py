@@ -150,7 +150,10 @@ class SharedOwnership(Ownership):
     def release(self, conversation_id: str) -> None:
         lease = self.leases.pop(conversation_id, None)
         if lease is not None:
-            self.agent.jobs.spawn(f"release {conversation_id}", self.store.release(lease))
+            # not under the fence of the turn that evicted it (that of another conversation);
+            # if it fails, this instance's sweep finds the lease still its own
+            with self.unfenced():
+                self.agent.jobs.spawn(f"release {conversation_id}", self.store.release(lease))
 
     def lost(self, conversation_id: str) -> None:
         log.warning(
@@ -225,23 +228,39 @@ class SharedOwnership(Ownership):
         """Every conversation with turns to run (queued, or running: answered, or cut by its
         owner's end) whose lease is free or whose owner is gone: this instance takes it (the
         first instance to acquire its lease runs it) and runs its turns, the running one from
-        its last recorded step."""
+        its last recorded step. And those whose lease is this instance's while no worker of
+        theirs runs here: the news of them was lost (a notification is sent at most once, and
+        not at all by an instance killed after it stored a send), or their lease was left
+        behind (a release that failed): they are taken up from the store."""
         count = 0
-        for conversation_id in await self.store.orphaned(self.instance):
+        for conversation_id, mine in await self.store.orphaned(self.instance):
             if self.agent.stopping:
                 break
-            conv = await self.agent.get_conversation(conversation_id)
-            if conv is None or conv.closed:
-                continue
-            if conv.inbox.running:  # its worker is taking the lease already
-                conv.inbox.refresh()
-                continue
-            if not await self.take(conversation_id):
-                continue  # another instance was first
-            # epoch 2 or more: it was taken from an owner that ended without a hand-over
-            unclean = self.leases[conversation_id].epoch > 1
-            count += await conv.inbox.take_over(unclean=unclean)
+            try:
+                count += await self._sweep_one(conversation_id, mine)
+            except Exception as e:  # the next sweep tries again; the others go on
+                log.warning("could not take %s up: %s", conversation_id, e)
         return count
+
+    async def _sweep_one(self, conversation_id: str, mine: bool) -> int:
+        live = self.agent.live_conversation(conversation_id)
+        if mine and live is not None and self.owns(conversation_id):
+            inbox = live.inbox
+            if not inbox.running and not inbox.sending:  # (a send under way takes them up)
+                inbox.refresh()
+            return 0
+        conv = await self.agent.get_conversation(conversation_id)
+        if conv is None or conv.closed:
+            return 0
+        if conv.inbox.running:  # its worker is taking the lease already
+            conv.inbox.refresh()
+            return 0
+        if not await self.take(conversation_id):
+            return 0  # another instance was first
+        # epoch 2 or more: it was taken from an owner that ended without a hand-over (not
+        # this instance's own lease, kept at its epoch)
+        unclean = not mine and self.leases[conversation_id].epoch > 1
+        return await conv.inbox.take_over(unclean=unclean)
 
     def _sweep_soon(self) -> None:
         """A sweep in the background, one at a time (a request for one while one runs makes

@@ -180,15 +180,15 @@ FOR UPDATE OF t SKIP LOCKED
 """
 )
 # conversations with turns to run (queued, or running: answered, or cut by their owner's end)
-# that no live instance owns: the sweeper's
+# that no other live instance owns, and whether this one holds their lease: the sweeper's
 _ORPHANED = (
     """
-SELECT DISTINCT t.conversation_id FROM turn t
+SELECT DISTINCT t.conversation_id, l.owner IS NOT NULL AND l.owner = ? FROM turn t
 LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
 LEFT JOIN agentik_instance i ON i.id = l.owner
-WHERE t.state IN ('queued', 'running') AND (l.owner IS NULL OR (l.owner <> ? AND """
+WHERE t.state IN ('queued', 'running') AND (l.owner IS NULL OR l.owner = ? OR """
     + _GONE
-    + """))
+    + """)
 """
 )
 
@@ -729,12 +729,14 @@ class PostgresStore(SqlStore):
         count = await self.db.read(lambda: self.db.execute(_HELD_ELSEWHERE, params).fetchone()[0])
         return int(count) > 0
 
-    async def orphaned(self, instance: str) -> list[str]:
-        """The conversations with turns to run (queued, or running) whose lease is free or
-        whose owner is gone (its heartbeat expired, or its process ended): the sweeper's."""
+    async def orphaned(self, instance: str) -> list[tuple[str, bool]]:
+        """The conversations with turns to run (queued, or running) whose lease is free, or
+        ``instance``'s, or whose owner is gone (its heartbeat expired, or its process ended):
+        the sweeper's; each with whether ``instance`` holds its lease."""
 
-        def q() -> list[str]:
-            return [str(r[0]) for r in self.db.execute(_ORPHANED, (instance,)).fetchall()]
+        def q() -> list[tuple[str, bool]]:
+            rows = self.db.execute(_ORPHANED, (instance, instance)).fetchall()
+            return [(str(r[0]), bool(r[1])) for r in rows]
 
         return await self.db.read(q)
 
