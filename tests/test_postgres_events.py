@@ -231,3 +231,32 @@ async def test_events_published_while_the_database_restarts_reach_the_other_inst
         for agent in agents:
             await agent.close()
         server.stop()
+
+
+async def test_an_instance_that_holds_nothing_of_a_batch_skips_it_unread(instances):
+    """With the consistent hash a conversation lives on its owner: the others, holding none
+    of its batches' streams and with nobody reading the agent stream, read none of them; the
+    agent stream's log moves past them all the same, so a reader that comes to B then starts
+    at the newest agent-level event, and one resuming from an older id reads it from the
+    table."""
+    a, b = await instances(), await instances()
+    shared_b = b.app[AGENT].shared_events
+    on_a = await stream(a, "")
+    reads = shared_b.reads
+    cid, _, _ = await first_turn(a)
+    turn = await read_sse(on_a, until="TurnEnded")
+    await a.app[AGENT].shared_events.flush()
+    await asyncio.sleep(0.2)  # the notifications reached B
+    assert shared_b.reads == reads  # none of A's batches was read on B
+    on_b = await stream(b, "")  # from now on
+    await send(a, cid)
+    second = await read_sse(on_b, until="TurnEnded")
+    assert second == await read_sse(on_a, until="TurnEnded")  # no Gap, nothing older
+    resumed = await stream(b, "", turn[0]["id"])
+    assert await read_sse(resumed, until="TurnEnded") == turn[1:]
+    resumed.close()
+    # B holds the conversation now (a reader of it): A's next batches are read there
+    on_b_conv = await stream(b, cid)
+    await send(a, cid)
+    assert [f["event"] for f in await read_sse(on_b_conv)][-1] == "End"
+    assert shared_b.reads > reads

@@ -322,6 +322,14 @@ class SharedEventLog(EventLog):
         self._items.append(StreamItem(seq, event, turn_id))
         self._wake()
 
+    def pass_over(self, seq: int) -> None:
+        """Events of this stream up to ``seq`` were published elsewhere while nobody here read
+        it: not kept (nor decoded: the relay's cost on instances without readers). A reader
+        that comes later starts after them, or reads them from the database."""
+        if seq > self._seq:
+            self._seq = self._floor = seq
+            self._items.clear()
+
     def begin_at(self, seq: int) -> None:
         """Loaded here: events of this stream up to ``seq`` were published before (the
         database's newest then); what the relay brought meanwhile stays."""

@@ -95,15 +95,22 @@ _ID_BLOCKS = (
 )
 _NEXT_BLOCK = "SELECT nextval('agentik_event_ids')"
 # one statement, its own transaction: the lock is taken before any row takes its id, and
-# held until the commit (a volatile CTE runs once, before the rows it is joined with); the
-# NOTIFY (PgDatabase.channel's "events", this instance's id) goes out with the commit
+# held until the commit (a volatile CTE runs once, before the rows it is joined with), so a
+# batch's ids are consecutive; the NOTIFY (PgDatabase.channel's "events") goes out with the
+# commit, its payload "<instance> <first id> <last id> <streams>" (see PgEvents._heard)
 _INSERT = (
     f"WITH locked AS (SELECT pg_advisory_xact_lock({EVENTS_LOCK})), "
-    "told AS (SELECT pg_notify(?, ?)) "
-    "INSERT INTO agentik_event (instance, stream, seq, turn_id, event) "
-    "SELECT ?::text, e.* FROM locked, told, "
-    "unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e RETURNING id"
+    "added AS (INSERT INTO agentik_event (instance, stream, seq, turn_id, event) "
+    "SELECT ?::text, e.* FROM locked, "
+    "unnest(?::text[], ?::bigint[], ?::text[], ?::text[]) e RETURNING id), "
+    "told AS (SELECT pg_notify(?, concat_ws(' ', ?::text, min(id), max(id), ?::text)) "
+    "FROM added) "
+    "SELECT id FROM added, told"
 )
+#: the streams named in a notification at most (more: "*", every instance reads the batch)
+NOTIFY_STREAMS = 7000  # characters (a payload holds 8000 bytes)
+#: the agent stream's name in a notification
+AGENT_STREAM = "-"
 _NEWEST = "SELECT coalesce(max(id), 0) FROM agentik_event"
 # the others' rows after the last read, and every agent-level row (this instance's too)
 _NEW_ROWS = (
@@ -153,8 +160,8 @@ class PgEvents(SharedEvents):
         self._last = 0  # the newest row relayed
         self._logs: Callable[[str], SharedEventLog | None] = lambda stream: None
         self._closed = False
-        #: batches written, rows relayed (for tests and benchmarks)
-        self.batches = self.relayed = 0
+        #: batches written, reads of the others' rows, rows relayed (tests, benchmarks)
+        self.batches = self.reads = self.relayed = 0
 
     # --- set-up ----------------------------------------------------------------------------
 
@@ -233,8 +240,11 @@ class PgEvents(SharedEvents):
             columns[1].append(seq if stream else None)
             columns[2].append(turn_id)
             columns[3].append(_dumps(event.to_json()))
+        streams = " ".join({s or AGENT_STREAM: None for s in columns[0]})
+        if len(streams) > NOTIFY_STREAMS:
+            streams = "*"
         try:
-            params = (self._channel, self.instance, self.instance, *columns)
+            params = (self.instance, *columns, self._channel, self.instance, streams)
             rows = await self.db.read(lambda: self.db.execute(_INSERT, params).fetchall())
         except Exception:
             self._pending[:0] = batch  # sent again, in order, with what came meanwhile
@@ -244,37 +254,69 @@ class PgEvents(SharedEvents):
                 log.warning("%d events were not sent to the other instances", excess)
             raise
         self.batches += 1
-        if "" in columns[0]:  # agent-level events come back here from the table too
-            self._own_agent_events(batch, sorted(row[0] for row in rows))
+        self._own_batch(batch, sorted(row[0] for row in rows))
 
-    def _own_agent_events(
-        self, batch: list[tuple[str, int, Event, str | None]], ids: list[int]
-    ) -> None:
-        """This batch's agent-level events, in their order among every instance's. When its
-        rows came right after the last one relayed here (no other instance's between: ids are
-        taken in the batch's order, under the lock), they are relayed from memory; else the
-        table is read."""
-        reading = self._reading is not None and not self._reading.done()
-        if reading or not ids or ids[0] != self._last + 1 or ids[-1] - ids[0] != len(ids) - 1:
-            self._read_soon()
+    def _own_batch(self, batch: list[tuple[str, int, Event, str | None]], ids: list[int]) -> None:
+        """This instance's batch went out with ``ids``. When they come right after the last
+        row read here (ids are taken in the batch's order, under the lock), the next read
+        starts after them, and the batch's agent-level events (which every instance relays,
+        in their order among every instance's) are relayed from memory; when another
+        instance's rows came between, agent-level events are read from the table."""
+        agent = any(not stream for stream, *_ in batch)
+        if not ids or ids[0] != self._last + 1 or self._reading_now():
+            if agent:
+                self._read_soon()
             return
         self._last = ids[-1]
-        target = self._logs("")
+        target = self._logs("") if agent else None
+        if target is None:
+            return
         for (stream, _, event, turn_id), row_id in zip(batch, ids, strict=True):
-            if not stream and target is not None:
+            if not stream:
                 target.relay(row_id, event, turn_id)
 
     # --- the relay -------------------------------------------------------------------------
 
-    def _heard(self, instance: str) -> None:
-        if instance != self.instance:
+    def _heard(self, payload: str) -> None:
+        """Another instance's batch: read, unless it is of nothing held here (the usual case
+        with the consistent hash: a conversation lives on its owner)."""
+        instance, _, batch = payload.partition(" ")
+        if instance != self.instance and not self._pass_over(batch):
             self._read_soon()
+
+    def _pass_over(self, batch: str) -> bool:
+        """Skip the batch ``"<first id> <last id> <streams>"`` unread, when it comes right
+        after the last row read here, no conversation of it is held here and nobody here
+        reads the agent stream (whose log moves past it: its ids are the rows')."""
+        first, _, rest = batch.partition(" ")
+        last, _, streams = rest.partition(" ")
+        try:
+            if int(first) != self._last + 1 or self._reading_now() or streams == "*":
+                return False
+            newest = int(last)
+        except ValueError:  # an older version's payload
+            return False
+        agent = None
+        for stream in streams.split(" "):
+            log = self._logs("" if stream == AGENT_STREAM else stream)
+            if log is None:
+                continue
+            if stream != AGENT_STREAM or log.readers:
+                return False
+            agent = log
+        self._last = newest
+        if agent is not None:
+            agent.pass_over(newest)
+        return True
+
+    def _reading_now(self) -> bool:
+        return self._reading is not None and not self._reading.done()
 
     def _read_soon(self) -> None:
         """Read the new rows now, or once the read under way is over (coalesced)."""
         if self._closed:
             return
-        if self._reading is not None and not self._reading.done():
+        if self._reading_now():
             self._read_again = True
             return
         self._reading = asyncio.get_running_loop().create_task(self._read_new())
@@ -289,6 +331,7 @@ class PgEvents(SharedEvents):
             except Exception as e:  # the next notification (or the listener's catch-up) retries
                 log.warning("could not read the other instances' events: %s", e)
                 return
+            self.reads += 1
             for row_id, stream, seq, turn_id, raw in rows:
                 self._relay(stream, row_id if not stream else seq, turn_id, raw)
                 self._last = max(self._last, row_id)
@@ -298,6 +341,9 @@ class PgEvents(SharedEvents):
     def _relay(self, stream: str, seq: int, turn_id: str | None, raw: str) -> None:
         target = self._logs(stream)
         if target is None or seq <= target.last_seq:  # nobody here holds it, or had it
+            return
+        if not target.readers:
+            target.pass_over(seq)
             return
         event = event_from_json(json.loads(raw))
         if event is not None:  # None: a type this version does not know
