@@ -78,10 +78,17 @@ async def instances(postgres_url, aiohttp_client):
     """start(name, **env) -> (client, agent): an instance on the test's schema."""
     room = Room()
 
-    async def start(name: str, *steps: Any, plugins: Sequence[Any] = (), **env: str):
+    async def start(
+        name: str,
+        *steps: Any,
+        plugins: Sequence[Any] = (),
+        builtins: Sequence[str] = ("agentik_transport_http",),
+        **env: str,
+    ):
         app = make_app(
             llm=RoomLLM(room, name, *steps),
             plugins=plugins,
+            builtins=builtins,
             env={"AGENTIK_DATABASE_URL": postgres_url, **env},
         )
         client = await aiohttp_client(app)
@@ -561,3 +568,60 @@ async def test_a_send_while_the_sweeper_takes_over_runs_each_turn_once(instances
         ("user", "stuck"),
     ]
     assert [t for t, who in room.ran if who == "B"] == ["stuck", "after"]
+
+
+# --- A2A cancels through another instance than the owner ----------------------------------
+
+A2A = ("agentik_transport_http", "agentik_transport_a2a")
+LATER = {"returnImmediately": True}
+
+
+async def task_state(client, task_id: str, want: str, timeout: float = 10) -> dict[str, Any]:
+    """The task as ``client``'s instance says, once it is ``want`` (or as it is at the end)."""
+    from tests.test_a2a import rpc
+
+    got: dict[str, Any] = {}
+    for _ in range(int(timeout / 0.05)):
+        got = (await rpc(client, "GetTask", {"id": task_id}))["result"]
+        if got["status"]["state"] == want:
+            break
+        await asyncio.sleep(0.05)
+    return got
+
+
+async def test_a_stale_owner_does_not_cancel_the_turn_its_successor_runs(instances):
+    """A hangs (SIGSTOP) past its lease with a send in its queue; another instance takes the
+    conversation over and runs that send (its first model call: the turn table still says
+    queued). A cancel through the third instance asks the owner, and A, which still thinks it
+    owns the conversation, hears the question too: its answer is fenced (refused, A lets the
+    conversation go), so the turn its successor runs goes on to its end."""
+    room = instances.room
+    ttl = {"AGENTIK_LEASE_TTL": "0.6"}
+    a_client, a = await instances("A", **ttl)
+    others = [await instances(name, **ttl) for name in "BC"]
+    cid = await new_conversation(a_client)
+    room.hang.add("stuck")
+    await send(a_client, cid, "stuck")
+    await wait_until(lambda: ("stuck", "A") in room.ran)
+    second = await send(a_client, cid, "second")  # queued on A
+    for task in a.jobs._periodic:  # A hangs: its heartbeat stops
+        task.cancel()
+    room.hang.discard("stuck")
+    room.hang.add("second")
+    await wait_until(lambda: any(t == "second" for t, _ in room.ran), timeout=10)
+    owner = next(agent for _, agent in others if agent.ownership.owns(cid))
+    client, asker = next((c, agent) for c, agent in others if agent is not owner)
+    assert a.ownership.owns(cid)  # as A sees it
+    conv = await asker.get_conversation(cid)
+    assert conv is not None
+    assert await conv.cancel_queued(second["id"]) is False  # its new owner runs it
+    room.release.set()
+    items = await replies(client, cid, 2)
+    assert texts(items) == [
+        ("user", "stuck"),
+        ("user", "second"),
+        ("assistant", "echo: stuck"),
+        ("assistant", "echo: second"),
+    ]
+    assert [m for m in items if m["type"] == "error"] == []
+    assert (await conv.turn(second["id"])).state.value == "done"

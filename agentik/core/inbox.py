@@ -355,22 +355,37 @@ class Inbox:
                 # first step): the owner says (None: no answer in time, nothing cancelled)
                 return bool(await ownership.ask(conv.id, "cancel", message_id))
             # no live owner: this instance runs the conversation's turns from now on
-            cancelled = await self._cancel_here(message_id)
+            cancelled = await self._cancel_owned(message_id)
             self.refresh()  # the rest of the store's queue
             return cancelled
-        return await self._cancel_here(message_id)
+        return await self._cancel_owned(message_id)
+
+    async def _cancel_owned(self, message_id: str) -> bool:
+        """:meth:`_cancel_here` under this instance's lease: an owner whose lease is over (hung
+        past it) cancels nothing, not the turn its successor may be starting (still queued in
+        the store), and stops running the conversation."""
+        ownership = self.conv.ownership
+        try:
+            with ownership.fenced(self.conv.id):
+                return await self._cancel_here(message_id)
+        except LeaseLost:
+            ownership.lost(self.conv.id)
+            return False
 
     async def _cancel_here(self, message_id: str) -> bool:
         """Cancel a queued turn of a conversation this instance owns."""
+        shared = self.conv.ownership.shared
         for record in self.queue:
             if record.id == message_id:
                 self.queue.remove(record)  # now, before any await: the worker cannot take it
                 error = error_record(
                     self.conv.id, record.id, "cancelled before it started", "cancelled"
                 )
+                if shared:  # moved only while queued: never a turn another instance started
+                    return await self.conv.store.cancel_queued_turn(self.conv.id, record.id, error)
                 await self.conv.store.fail_turn(self.conv.id, record.id, error, TurnState.CANCELLED)
                 return True
-        if not self.conv.ownership.shared or message_id == self.taken:
+        if not shared or message_id == self.taken:
             return False
         # stored by another instance, not taken up here yet (its wake is on its way): the
         # store cancels it while it is queued, and the worker skips it if a read of the

@@ -188,8 +188,10 @@ class SharedOwnership(Ownership):
 
     async def _answer(self, conv: ChatConversation, question: dict[str, Any]) -> None:
         """An owner's answer to :meth:`ask` (``cancel``: whether the turn was still queued
-        here; one this instance started is not cancelled)."""
-        ok = await conv.inbox.cancel_queued(str(question["turn"]))
+        here; one this instance started is not cancelled). The cancel is fenced by the lease
+        (Inbox.cancel_queued): an owner hung past it cancels nothing and answers no."""
+        # owned no more (lost or released meanwhile): the owner now answers, not this one
+        ok = self.owns(conv.id) and await conv.inbox.cancel_queued(str(question["turn"]))
         answer = {"conversation": conv.id, "op": "answer", "ask": question["ask"],
                   "to": question["from"], "ok": ok}  # fmt: skip
         await self.store.notify(CONTROL, json.dumps(answer))
