@@ -589,6 +589,49 @@ async def task_state(client, task_id: str, want: str, timeout: float = 10) -> di
     return got
 
 
+async def test_an_a2a_cancel_through_a_non_owner_interrupts_no_other_turn(instances, monkeypatch):
+    """CancelTask through an instance that neither runs the conversation nor follows the task:
+    the owner is asked to take the task's turn out of its queue. When its answer does not come
+    (the question is lost here, as by a notification missed while A's listener reconnects), it
+    is not known whether the turn is queued or running: the interrupt sent to the owner names
+    the turn (the one running there, another task's, goes on) and the owner is asked again."""
+    from agentik.core import ownership
+    from tests.test_a2a import rpc, text_message
+
+    monkeypatch.setattr(ownership, "ASK_TIMEOUT", 0.5)
+    room = instances.room
+    room.hang.add("long")
+    a_client, a = await instances("A", builtins=A2A)
+    b_client, _b = await instances("B", builtins=A2A)
+    params = {"message": text_message("long"), "configuration": LATER}
+    first = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    await wait_until(lambda: ("long", "A") in room.ran)
+    params = {"message": text_message("second", contextId=first["contextId"]),
+              "configuration": LATER}  # fmt: skip
+    second = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    lost: list[str] = []
+    answer = a.ownership._answer
+
+    async def missed_once(conv: Any, question: dict[str, Any]) -> None:
+        if not lost:
+            lost.append(question["turn"])
+            return
+        await answer(conv, question)
+
+    a.ownership._answer = missed_once
+    cancelled = await rpc(b_client, "CancelTask", {"id": second["id"]})
+    assert cancelled.get("result", {}).get("status", {}).get("state") == "TASK_STATE_CANCELED", (
+        cancelled
+    )
+    assert lost  # the first question had no answer
+    room.release.set()
+    got = await task_state(a_client, first["id"], "TASK_STATE_COMPLETED")
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED"  # not interrupted
+    assert got["artifacts"][0]["parts"][0]["text"] == "echo: long"
+    await asyncio.sleep(0.3)
+    assert [t for t, _ in room.ran] == ["long"]  # the cancelled one never ran
+
+
 async def test_a_stale_owner_does_not_cancel_the_turn_its_successor_runs(instances):
     """A hangs (SIGSTOP) past its lease with a send in its queue; another instance takes the
     conversation over and runs that send (its first model call: the turn table still says

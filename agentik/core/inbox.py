@@ -311,36 +311,41 @@ class Inbox:
             await self.conv.store.fail_turn(self.conv.id, t.id, error)
         return kept
 
-    def interrupt(self) -> bool:
-        """Stop the running turn, or end the waiting one; queued sends still run."""
+    def interrupt(self, turn_id: str | None = None) -> bool:
+        """Stop the running turn, or end the waiting one; queued sends still run. With
+        ``turn_id``, only that turn: nothing when another one runs or waits."""
         if not self.conv.ownership.owns(self.conv.id):
-            self.conv.agent.jobs.spawn(f"interrupt {self.conv.id}", self.interrupt_anywhere())
+            self.conv.agent.jobs.spawn(
+                f"interrupt {self.conv.id}", self.interrupt_anywhere(turn_id)
+            )
             return self.conv.busy
-        if self.conv.runner.interrupt():
+        if turn_id in (None, self.taken) and self.conv.runner.interrupt():
             return True
         held = self.held
-        if held is None or held.state is not TurnState.WAITING:
+        if held is None or held.state is not TurnState.WAITING or turn_id not in (None, held.id):
             return False
         self._cancel = held.id
         self.start()
         return True
 
-    async def interrupt_anywhere(self) -> bool:
+    async def interrupt_anywhere(self, turn_id: str | None = None) -> bool:
         """:meth:`interrupt`, where another instance may own the conversation: its owner is
-        told; a waiting turn nobody owns is ended here (this instance takes the lease)."""
+        told (the turn named, if any: the owner stops it only if it runs or waits there); a
+        waiting turn nobody owns is ended here (this instance takes the lease)."""
         conv = self.conv
         ownership = conv.ownership
         if ownership.owns(conv.id):
-            return self.interrupt()
+            return self.interrupt(turn_id)
         turns = await conv.store.open_turns(conv.id)
-        if not turns:  # (the first queued one may have started: its first step is not stored)
-            return False
+        if not turns or turn_id not in (None, *(t.id for t in turns)):
+            return False  # (a queued one may have started: its first step is not stored)
         head = turns[0]
-        if head.state is TurnState.WAITING and await ownership.take(conv.id):
+        waiting = head.state is TurnState.WAITING and turn_id in (None, head.id)
+        if waiting and await ownership.take(conv.id):
             self._cancel = head.id
             self.refresh()
             return True
-        ownership.tell(conv.id, "interrupt")
+        ownership.tell(conv.id, "interrupt", turn_id)
         return True
 
     async def cancel_queued(self, message_id: str) -> bool:
