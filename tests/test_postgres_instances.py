@@ -327,7 +327,7 @@ async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
     """A turn is recorded running only at its first step: while the owner's first model call
     runs, the table still says queued. A cancel through another instance asks the owner, which
     refuses it for the turn it runs (it ends once, with its reply and one End) and cancels the
-    one still in its queue (never run)."""
+    one still in its queue (never run: it ends with its Error and End)."""
     room = instances.room
     a_client, a = await instances("A")
     b_client, b = await instances("B")
@@ -368,7 +368,8 @@ async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
     await wait_until(lambda: len(ends) >= 2)
     await asyncio.sleep(0.2)
     reading.cancel()
-    assert ends == [first["id"], third["id"]]
+    # the cancelled one ends at once with its Error and End (a follower elsewhere settles)
+    assert ends == [second["id"], first["id"], third["id"]]
 
 
 async def test_a_starting_instance_does_not_follow_an_a2a_task_another_runs(
@@ -628,8 +629,60 @@ async def test_an_a2a_cancel_through_a_non_owner_interrupts_no_other_turn(instan
     got = await task_state(a_client, first["id"], "TASK_STATE_COMPLETED")
     assert got["status"]["state"] == "TASK_STATE_COMPLETED"  # not interrupted
     assert got["artifacts"][0]["parts"][0]["text"] == "echo: long"
+    got = await task_state(a_client, second["id"], "TASK_STATE_CANCELED")
+    assert got["status"]["state"] == "TASK_STATE_CANCELED"
     await asyncio.sleep(0.3)
     assert [t for t, _ in room.ran] == ["long"]  # the cancelled one never ran
+
+
+@pytest.mark.parametrize("ahead", ["running", "waiting"])
+async def test_an_a2a_task_cancelled_through_the_owner_settles_its_follower_elsewhere(
+    instances, ahead
+):
+    """A task sent through B (its follower there) is queued on A behind a turn that runs (A
+    has not taken the task's turn up yet) or behind one that waits for an approval (A holds
+    it in its queue), and is cancelled through A, which runs the conversation but does not
+    follow the task. Its turn is taken out of the queue; its Error and End reach B through
+    the event relay, and B's follower settles: B says CANCELED too, and lets the task go."""
+    from tests.test_a2a import rpc, text_message
+
+    room = instances.room
+    tools = Tools()
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    steps = [[call]] if ahead == "waiting" else []
+    if ahead == "running":
+        room.hang.add("first")
+    a_client, a = await instances("A", *steps, plugins=plugins, builtins=A2A)
+    b_client, b = await instances("B", plugins=plugins, builtins=A2A)
+    params = {"message": text_message("first"), "configuration": LATER}
+    first = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    cid = first["metadata"]["agentikConversationId"]
+    if ahead == "running":
+        await wait_until(lambda: ("first", "A") in room.ran)
+    else:
+        await task_state(a_client, first["id"], "TASK_STATE_INPUT_REQUIRED")
+    params = {"message": text_message("second", contextId=first["contextId"]),
+              "configuration": LATER}  # fmt: skip
+    second = (await rpc(b_client, "SendMessage", params))["result"]["task"]
+    if ahead == "waiting":  # A took it up: its queue holds it behind the waiting turn
+        await wait_until(lambda: len(a.live_conversation(cid).inbox.queue) == 1)
+    cancelled = (await rpc(a_client, "CancelTask", {"id": second["id"]}))["result"]
+    assert cancelled["status"]["state"] == "TASK_STATE_CANCELED"
+    got = await task_state(b_client, second["id"], "TASK_STATE_CANCELED")
+    assert got["status"]["state"] == "TASK_STATE_CANCELED"
+    service = b.state["agentik_transport_a2a"]._service
+    await wait_until(lambda: second["id"] not in service.runs)
+    assert a.ownership.owns(cid)
+    if ahead == "running":
+        room.release.set()
+        got = await task_state(b_client, first["id"], "TASK_STATE_COMPLETED")
+        assert got["status"]["state"] == "TASK_STATE_COMPLETED"
+    else:
+        got = await task_state(b_client, first["id"], "TASK_STATE_INPUT_REQUIRED")
+        assert got["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"  # still waits
+    await asyncio.sleep(0.3)
+    assert "second" not in [t for t, _ in room.ran]
 
 
 async def test_a_stale_owner_does_not_cancel_the_turn_its_successor_runs(instances):

@@ -124,7 +124,9 @@ class ChatConversation(ConversationEvents):
         """Take a message whose turn has not started out of the queue and close it with a
         ``cancelled`` Error record: it never runs, not after a restart either. False when it
         is not waiting (running, over, or not this conversation's); :meth:`interrupt` stops a
-        running turn. Listeners get no events for it: it never began."""
+        running turn. It never began: alone on its store, listeners get no events for it; where
+        instances share the store, its Error (code ``cancelled``) and End, for a follower on
+        another instance."""
         return await self.inbox.cancel_queued(message_id)
 
     def interrupt(self, turn_id: str | None = None) -> bool:

@@ -24,6 +24,8 @@ from agentik.core.turns import TurnRecord, TurnState, TurnStateError
 from agentik.core.types import (
     MAX_IMAGE_BYTES,
     ContentPart,
+    End,
+    Error,
     ImagePart,
     InvalidInput,
     Message,
@@ -38,6 +40,10 @@ if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
 
 log = logging.getLogger(__name__)
+
+#: the code of the Error (record and event) that ends a turn cancelled before it started
+CANCELLED = "cancelled"
+CANCELLED_ERROR = "cancelled before it started"
 
 
 class ConversationClosed(Exception):
@@ -380,26 +386,39 @@ class Inbox:
     async def _cancel_here(self, message_id: str) -> bool:
         """Cancel a queued turn of a conversation this instance owns."""
         shared = self.conv.ownership.shared
+        error = error_record(self.conv.id, message_id, CANCELLED_ERROR, CANCELLED)
         for record in self.queue:
             if record.id == message_id:
                 self.queue.remove(record)  # now, before any await: the worker cannot take it
-                error = error_record(
-                    self.conv.id, record.id, "cancelled before it started", "cancelled"
-                )
-                if shared:  # moved only while queued: never a turn another instance started
-                    return await self.conv.store.cancel_queued_turn(self.conv.id, record.id, error)
-                await self.conv.store.fail_turn(self.conv.id, record.id, error, TurnState.CANCELLED)
+                if not shared:
+                    await self.conv.store.fail_turn(
+                        self.conv.id, message_id, error, TurnState.CANCELLED
+                    )
+                    return True
+                # moved only while queued: never a turn another instance started
+                if not await self.conv.store.cancel_queued_turn(self.conv.id, message_id, error):
+                    return False
+                self._cancelled(message_id)
                 return True
         if not shared or message_id == self.taken:
             return False
         # stored by another instance, not taken up here yet (its wake is on its way): the
         # store cancels it while it is queued, and the worker skips it if a read of the
         # store under way brings it in
-        error = error_record(self.conv.id, message_id, "cancelled before it started", "cancelled")
         if not await self.conv.store.cancel_queued_turn(self.conv.id, message_id, error):
             return False
         self._dropped.add(message_id)
+        self._cancelled(message_id)
         return True
+
+    def _cancelled(self, turn_id: str) -> None:
+        """Where instances share the store, a turn cancelled in the queue ends with its Error
+        and End (none of it ran): a reader that follows it on another instance (the one its
+        send went through) settles on them, brought there by the event relay. Alone on its
+        store, the only reader of a queued turn is the transport that cancels it."""
+        events = self.conv.log
+        events.publish(Error(CANCELLED_ERROR, CANCELLED), turn_id)
+        events.publish(End(turn_id), turn_id)
 
     async def answer(self, turn_id: str, call_id: str, answer: Any) -> TurnRecord:
         """Give a waiting turn the answer to one of its waits; the turn goes on once every

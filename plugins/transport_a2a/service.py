@@ -21,7 +21,7 @@ from a2a.utils import errors
 from a2a.utils.task import apply_history_length
 
 from agentik.core.agent import ConversationClosed
-from agentik.core.inbox import NotWaiting
+from agentik.core.inbox import CANCELLED, NotWaiting
 from agentik.core.store import utcnow
 from agentik.core.types import (
     AppendText,
@@ -588,13 +588,20 @@ class A2AService:
     async def _follow(self, run: TaskRun, after: int) -> None:
         task, conv = run.task, run.conv
         error: str | None = None
-        interrupted = ended = lost = False
+        # its turn was taken out of the queue on another instance: it ends with that Error
+        interrupted = ended = lost = cancelled = False
         earlier: list[dict[str, str]] = []  # statuses kept in memory: stored with the end
         try:
             async for item in self._items(run, after):
                 event = item.event
                 if isinstance(event, Gap):
                     lost = True  # fell behind the replay buffer: the text comes from the log
+                    continue
+                if isinstance(event, Error) and event.code == CANCELLED and not run.started:
+                    cancelled = True  # it never started: no WORKING status first
+                    continue
+                if isinstance(event, End) and cancelled:
+                    ended = run.turn_over = True
                     continue
                 if not run.started:
                     run.started = True
@@ -648,6 +655,8 @@ class A2AService:
                 # the log closed (shutdown) before the turn ran: it runs after the next start,
                 # where recover() follows it again
                 return
+            elif cancelled:
+                self._settle(task, S.TASK_STATE_CANCELED, "")
             elif error is not None:
                 self._settle(task, S.TASK_STATE_FAILED, run.reply(), error)
             elif interrupted or run.cancel_requested:
@@ -674,7 +683,7 @@ class A2AService:
     def _settle_from_record(
         self, task: pb.Task, kind: str, payload: dict[str, Any], cancel: bool = False
     ) -> None:
-        if kind == "error" and payload.get("code") == "cancelled":  # taken out of the queue
+        if kind == "error" and payload.get("code") == CANCELLED:  # taken out of the queue
             self._settle(task, S.TASK_STATE_CANCELED, "")
         elif kind == "error":
             message = payload.get("message") or "the turn failed"
