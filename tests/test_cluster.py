@@ -537,6 +537,46 @@ async def test_an_a2a_task_created_on_one_instance_is_fetched_and_cancelled_on_a
             await asyncio.sleep(0.1)
 
 
+@needs(OWNERSHIP, EVENTS)
+async def test_an_a2a_task_queued_on_one_instance_and_cancelled_through_another_settles(
+    cluster, fake_openai_proc
+):
+    """Two tasks of one context sent through A: the first runs (slowly), the second waits in
+    A's queue. CancelTask through B takes the second out of it: A, whose follower settles on
+    the turn's End, says CANCELED as B does, and the first runs to its end."""
+    cluster.start(2)
+    a, b = cluster.instances
+    await reset_fake(fake_openai_proc, {"text": "slow " * 100, "delay": 0.02}, {"text": "no"})
+
+    def send_body(n: int, context: str | None = None) -> dict[str, Any]:
+        message = {"kind": "message", "role": "user", "messageId": f"m{n}",
+                   "parts": [{"kind": "text", "text": f"task {n}"}]}  # fmt: skip
+        if context is not None:
+            message["contextId"] = context
+        return {"jsonrpc": "2.0", "id": n, "method": "message/send",
+                "params": {"message": message, "configuration": {"blocking": False}}}  # fmt: skip
+
+    async def state_on(s: aiohttp.ClientSession, base: str, task_id: str, want: str) -> Any:
+        get = {"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"id": task_id}}
+        deadline = time.monotonic() + 10
+        while (seen := (await post(s, f"{base}/a2a/", get))["result"])["status"]["state"] != want:
+            assert time.monotonic() < deadline, seen["status"]
+            await asyncio.sleep(0.1)
+        return seen
+
+    async with aiohttp.ClientSession() as s:
+        first = (await post(s, f"{a.base}/a2a/", send_body(1)))["result"]
+        second = (await post(s, f"{a.base}/a2a/", send_body(2, first["contextId"])))["result"]
+        cancel = {"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel",
+                  "params": {"id": second["id"]}}  # fmt: skip
+        cancelled = await post(s, f"{b.base}/a2a/", cancel)
+        assert cancelled.get("result", {}).get("status", {}).get("state") == "canceled", cancelled
+        await state_on(s, a.base, second["id"], "canceled")  # its follower on A settled
+        done = await state_on(s, b.base, first["id"], "completed")
+    assert done["artifacts"][0]["parts"][0]["text"] == "slow " * 100
+    assert len(await model_saw(fake_openai_proc)) == 1  # the cancelled task never ran
+
+
 def test_docs_say_how_to_run_many_instances():
     text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     section = text.split("## Running many instances", 1)[1]

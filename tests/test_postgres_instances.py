@@ -80,10 +80,17 @@ async def instances(postgres_url, aiohttp_client):
     """start(name, **env) -> (client, agent): an instance on the test's schema."""
     room = Room()
 
-    async def start(name: str, *steps: Any, plugins: Sequence[Any] = (), **env: str):
+    async def start(
+        name: str,
+        *steps: Any,
+        plugins: Sequence[Any] = (),
+        builtins: Sequence[str] = ("agentik_transport_http",),
+        **env: str,
+    ):
         app = make_app(
             llm=RoomLLM(room, name, *steps),
             plugins=plugins,
+            builtins=builtins,
             env={"AGENTIK_DATABASE_URL": postgres_url, **env},
         )
         client = await aiohttp_client(app)
@@ -322,7 +329,7 @@ async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
     """A turn is recorded running only at its first step: while the owner's first model call
     runs, the table still says queued. A cancel through another instance asks the owner, which
     refuses it for the turn it runs (it ends once, with its reply and one End) and cancels the
-    one still in its queue (never run)."""
+    one still in its queue (never run: it ends with its Error and End)."""
     room = instances.room
     a_client, a = await instances("A")
     b_client, b = await instances("B")
@@ -363,7 +370,8 @@ async def test_a_cancel_through_a_non_owner_goes_to_the_owner(instances):
     await wait_until(lambda: len(ends) >= 2)
     await asyncio.sleep(0.2)
     reading.cancel()
-    assert ends == [first["id"], third["id"]]
+    # the cancelled one ends at once with its Error and End (a follower elsewhere settles)
+    assert ends == [second["id"], first["id"], third["id"]]
 
 
 async def test_a_starting_instance_does_not_follow_an_a2a_task_another_runs(
@@ -599,3 +607,155 @@ async def test_a_lease_left_behind_by_a_failed_release_is_taken_up_by_its_holder
     items = await replies(a_client, cid, 2, timeout=10)
     assert texts(items)[-2:] == [("user", "second"), ("assistant", "echo: second")]
     assert room.ran == [("first", "A"), ("second", "A")]
+
+
+# --- A2A cancels through another instance than the owner ----------------------------------
+
+A2A = ("agentik_transport_http", "agentik_transport_a2a")
+LATER = {"returnImmediately": True}
+
+
+async def task_state(client, task_id: str, want: str, timeout: float = 10) -> dict[str, Any]:
+    """The task as ``client``'s instance says, once it is ``want`` (or as it is at the end)."""
+    from tests.test_a2a import rpc
+
+    got: dict[str, Any] = {}
+    for _ in range(int(timeout / 0.05)):
+        got = (await rpc(client, "GetTask", {"id": task_id}))["result"]
+        if got["status"]["state"] == want:
+            break
+        await asyncio.sleep(0.05)
+    return got
+
+
+async def test_an_a2a_cancel_through_a_non_owner_interrupts_no_other_turn(instances, monkeypatch):
+    """CancelTask through an instance that neither runs the conversation nor follows the task:
+    the owner is asked to take the task's turn out of its queue. When its answer does not come
+    (the question is lost here, as by a notification missed while A's listener reconnects), it
+    is not known whether the turn is queued or running: the interrupt sent to the owner names
+    the turn (the one running there, another task's, goes on) and the owner is asked again."""
+    from agentik.core import ownership
+    from tests.test_a2a import rpc, text_message
+
+    monkeypatch.setattr(ownership, "ASK_TIMEOUT", 0.5)
+    room = instances.room
+    room.hang.add("long")
+    a_client, a = await instances("A", builtins=A2A)
+    b_client, _b = await instances("B", builtins=A2A)
+    params = {"message": text_message("long"), "configuration": LATER}
+    first = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    await wait_until(lambda: ("long", "A") in room.ran)
+    params = {"message": text_message("second", contextId=first["contextId"]),
+              "configuration": LATER}  # fmt: skip
+    second = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    lost: list[str] = []
+    answer = a.ownership._answer
+
+    async def missed_once(conv: Any, question: dict[str, Any]) -> None:
+        if not lost:
+            lost.append(question["turn"])
+            return
+        await answer(conv, question)
+
+    a.ownership._answer = missed_once
+    cancelled = await rpc(b_client, "CancelTask", {"id": second["id"]})
+    assert cancelled.get("result", {}).get("status", {}).get("state") == "TASK_STATE_CANCELED", (
+        cancelled
+    )
+    assert lost  # the first question had no answer
+    room.release.set()
+    got = await task_state(a_client, first["id"], "TASK_STATE_COMPLETED")
+    assert got["status"]["state"] == "TASK_STATE_COMPLETED"  # not interrupted
+    assert got["artifacts"][0]["parts"][0]["text"] == "echo: long"
+    got = await task_state(a_client, second["id"], "TASK_STATE_CANCELED")
+    assert got["status"]["state"] == "TASK_STATE_CANCELED"
+    await asyncio.sleep(0.3)
+    assert [t for t, _ in room.ran] == ["long"]  # the cancelled one never ran
+
+
+@pytest.mark.parametrize("ahead", ["running", "waiting"])
+async def test_an_a2a_task_cancelled_through_the_owner_settles_its_follower_elsewhere(
+    instances, ahead
+):
+    """A task sent through B (its follower there) is queued on A behind a turn that runs (A
+    has not taken the task's turn up yet) or behind one that waits for an approval (A holds
+    it in its queue), and is cancelled through A, which runs the conversation but does not
+    follow the task. Its turn is taken out of the queue; its Error and End reach B through
+    the event relay, and B's follower settles: B says CANCELED too, and lets the task go."""
+    from tests.test_a2a import rpc, text_message
+
+    room = instances.room
+    tools = Tools()
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    steps = [[call]] if ahead == "waiting" else []
+    if ahead == "running":
+        room.hang.add("first")
+    a_client, a = await instances("A", *steps, plugins=plugins, builtins=A2A)
+    b_client, b = await instances("B", plugins=plugins, builtins=A2A)
+    params = {"message": text_message("first"), "configuration": LATER}
+    first = (await rpc(a_client, "SendMessage", params))["result"]["task"]
+    cid = first["metadata"]["agentikConversationId"]
+    if ahead == "running":
+        await wait_until(lambda: ("first", "A") in room.ran)
+    else:
+        await task_state(a_client, first["id"], "TASK_STATE_INPUT_REQUIRED")
+    params = {"message": text_message("second", contextId=first["contextId"]),
+              "configuration": LATER}  # fmt: skip
+    second = (await rpc(b_client, "SendMessage", params))["result"]["task"]
+    if ahead == "waiting":  # A took it up: its queue holds it behind the waiting turn
+        await wait_until(lambda: len(a.live_conversation(cid).inbox.queue) == 1)
+    cancelled = (await rpc(a_client, "CancelTask", {"id": second["id"]}))["result"]
+    assert cancelled["status"]["state"] == "TASK_STATE_CANCELED"
+    got = await task_state(b_client, second["id"], "TASK_STATE_CANCELED")
+    assert got["status"]["state"] == "TASK_STATE_CANCELED"
+    service = b.state["agentik_transport_a2a"]._service
+    await wait_until(lambda: second["id"] not in service.runs)
+    assert a.ownership.owns(cid)
+    if ahead == "running":
+        room.release.set()
+        got = await task_state(b_client, first["id"], "TASK_STATE_COMPLETED")
+        assert got["status"]["state"] == "TASK_STATE_COMPLETED"
+    else:
+        got = await task_state(b_client, first["id"], "TASK_STATE_INPUT_REQUIRED")
+        assert got["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"  # still waits
+    await asyncio.sleep(0.3)
+    assert "second" not in [t for t, _ in room.ran]
+
+
+async def test_a_stale_owner_does_not_cancel_the_turn_its_successor_runs(instances):
+    """A hangs (SIGSTOP) past its lease with a send in its queue; another instance takes the
+    conversation over and runs that send (its first model call: the turn table still says
+    queued). A cancel through the third instance asks the owner, and A, which still thinks it
+    owns the conversation, hears the question too: its answer is fenced (refused, A lets the
+    conversation go), so the turn its successor runs goes on to its end."""
+    room = instances.room
+    ttl = {"AGENTIK_LEASE_TTL": "0.6"}
+    a_client, a = await instances("A", **ttl)
+    others = [await instances(name, **ttl) for name in "BC"]
+    cid = await new_conversation(a_client)
+    room.hang.add("stuck")
+    await send(a_client, cid, "stuck")
+    await wait_until(lambda: ("stuck", "A") in room.ran)
+    second = await send(a_client, cid, "second")  # queued on A
+    for task in a.jobs._periodic:  # A hangs: its heartbeat stops
+        task.cancel()
+    room.hang.discard("stuck")
+    room.hang.add("second")
+    await wait_until(lambda: any(t == "second" for t, _ in room.ran), timeout=10)
+    owner = next(agent for _, agent in others if agent.ownership.owns(cid))
+    client, asker = next((c, agent) for c, agent in others if agent is not owner)
+    assert a.ownership.owns(cid)  # as A sees it
+    conv = await asker.get_conversation(cid)
+    assert conv is not None
+    assert await conv.cancel_queued(second["id"]) is False  # its new owner runs it
+    room.release.set()
+    items = await replies(client, cid, 2)
+    assert texts(items) == [
+        ("user", "stuck"),
+        ("user", "second"),
+        ("assistant", "echo: stuck"),
+        ("assistant", "echo: second"),
+    ]
+    assert [m for m in items if m["type"] == "error"] == []
+    assert (await conv.turn(second["id"])).state.value == "done"

@@ -124,24 +124,27 @@ class ChatConversation(ConversationEvents):
         """Take a message whose turn has not started out of the queue and close it with a
         ``cancelled`` Error record: it never runs, not after a restart either. False when it
         is not waiting (running, over, or not this conversation's); :meth:`interrupt` stops a
-        running turn. Listeners get no events for it: it never began."""
+        running turn. It never began: alone on its store, listeners get no events for it; where
+        instances share the store, its Error (code ``cancelled``) and End, for a follower on
+        another instance."""
         return await self.inbox.cancel_queued(message_id)
 
-    def interrupt(self) -> bool:
+    def interrupt(self, turn_id: str | None = None) -> bool:
         """Stop the running turn, or end the waiting one (queued sends still run). False when
-        there was none."""
+        there was none. ``turn_id``: only that turn (nothing when another runs or waits: a
+        transport that stops one request's turn)."""
         if self._evicted:
             live = self.agent.live_conversation(self.id)
-            return live.interrupt() if live is not None and live is not self else False
-        return self.inbox.interrupt()
+            return live.interrupt(turn_id) if live is not None and live is not self else False
+        return self.inbox.interrupt(turn_id)
 
-    async def ainterrupt(self) -> bool:
+    async def ainterrupt(self, turn_id: str | None = None) -> bool:
         """:meth:`interrupt` for code written against the agent protocol
         (:class:`agentik.core.protocol.Conversation`), where it may be a request to a server;
         through any instance of several sharing the store (the turn runs on its owner)."""
         if self._evicted:
-            return await (await self._current()).ainterrupt()
-        return await self.inbox.interrupt_anywhere()
+            return await (await self._current()).ainterrupt(turn_id)
+        return await self.inbox.interrupt_anywhere(turn_id)
 
     async def busy_now(self) -> bool:
         """:attr:`busy`, also where another instance runs this conversation's turns (from the

@@ -24,6 +24,8 @@ from agentik.core.turns import TurnRecord, TurnState, TurnStateError
 from agentik.core.types import (
     MAX_IMAGE_BYTES,
     ContentPart,
+    End,
+    Error,
     ImagePart,
     InvalidInput,
     Message,
@@ -38,6 +40,10 @@ if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
 
 log = logging.getLogger(__name__)
+
+#: the code of the Error (record and event) that ends a turn cancelled before it started
+CANCELLED = "cancelled"
+CANCELLED_ERROR = "cancelled before it started"
 
 
 class ConversationClosed(Exception):
@@ -317,36 +323,41 @@ class Inbox:
             await self.conv.store.fail_turn(self.conv.id, t.id, error)
         return kept
 
-    def interrupt(self) -> bool:
-        """Stop the running turn, or end the waiting one; queued sends still run."""
+    def interrupt(self, turn_id: str | None = None) -> bool:
+        """Stop the running turn, or end the waiting one; queued sends still run. With
+        ``turn_id``, only that turn: nothing when another one runs or waits."""
         if not self.conv.ownership.owns(self.conv.id):
-            self.conv.agent.jobs.spawn(f"interrupt {self.conv.id}", self.interrupt_anywhere())
+            self.conv.agent.jobs.spawn(
+                f"interrupt {self.conv.id}", self.interrupt_anywhere(turn_id)
+            )
             return self.conv.busy
-        if self.conv.runner.interrupt():
+        if turn_id in (None, self.taken) and self.conv.runner.interrupt():
             return True
         held = self.held
-        if held is None or held.state is not TurnState.WAITING:
+        if held is None or held.state is not TurnState.WAITING or turn_id not in (None, held.id):
             return False
         self._cancel = held.id
         self.start()
         return True
 
-    async def interrupt_anywhere(self) -> bool:
+    async def interrupt_anywhere(self, turn_id: str | None = None) -> bool:
         """:meth:`interrupt`, where another instance may own the conversation: its owner is
-        told; a waiting turn nobody owns is ended here (this instance takes the lease)."""
+        told (the turn named, if any: the owner stops it only if it runs or waits there); a
+        waiting turn nobody owns is ended here (this instance takes the lease)."""
         conv = self.conv
         ownership = conv.ownership
         if ownership.owns(conv.id):
-            return self.interrupt()
+            return self.interrupt(turn_id)
         turns = await conv.store.open_turns(conv.id)
-        if not turns:  # (the first queued one may have started: its first step is not stored)
-            return False
+        if not turns or turn_id not in (None, *(t.id for t in turns)):
+            return False  # (a queued one may have started: its first step is not stored)
         head = turns[0]
-        if head.state is TurnState.WAITING and await ownership.take(conv.id):
+        waiting = head.state is TurnState.WAITING and turn_id in (None, head.id)
+        if waiting and await ownership.take(conv.id):
             self._cancel = head.id
             self.refresh()
             return True
-        ownership.tell(conv.id, "interrupt")
+        ownership.tell(conv.id, "interrupt", turn_id)
         return True
 
     async def cancel_queued(self, message_id: str) -> bool:
@@ -361,31 +372,59 @@ class Inbox:
                 # first step): the owner says (None: no answer in time, nothing cancelled)
                 return bool(await ownership.ask(conv.id, "cancel", message_id))
             # no live owner: this instance runs the conversation's turns from now on
-            cancelled = await self._cancel_here(message_id)
+            cancelled = await self._cancel_owned(message_id)
             self.refresh()  # the rest of the store's queue
             return cancelled
-        return await self._cancel_here(message_id)
+        return await self._cancel_owned(message_id)
+
+    async def _cancel_owned(self, message_id: str) -> bool:
+        """:meth:`_cancel_here` under this instance's lease: an owner whose lease is over (hung
+        past it) cancels nothing, not the turn its successor may be starting (still queued in
+        the store), and stops running the conversation."""
+        ownership = self.conv.ownership
+        try:
+            with ownership.fenced(self.conv.id):
+                return await self._cancel_here(message_id)
+        except LeaseLost:
+            ownership.lost(self.conv.id)
+            return False
 
     async def _cancel_here(self, message_id: str) -> bool:
         """Cancel a queued turn of a conversation this instance owns."""
+        shared = self.conv.ownership.shared
+        error = error_record(self.conv.id, message_id, CANCELLED_ERROR, CANCELLED)
         for record in self.queue:
             if record.id == message_id:
                 self.queue.remove(record)  # now, before any await: the worker cannot take it
-                error = error_record(
-                    self.conv.id, record.id, "cancelled before it started", "cancelled"
-                )
-                await self.conv.store.fail_turn(self.conv.id, record.id, error, TurnState.CANCELLED)
+                if not shared:
+                    await self.conv.store.fail_turn(
+                        self.conv.id, message_id, error, TurnState.CANCELLED
+                    )
+                    return True
+                # moved only while queued: never a turn another instance started
+                if not await self.conv.store.cancel_queued_turn(self.conv.id, message_id, error):
+                    return False
+                self._cancelled(message_id)
                 return True
-        if not self.conv.ownership.shared or message_id == self.taken:
+        if not shared or message_id == self.taken:
             return False
         # stored by another instance, not taken up here yet (its wake is on its way): the
         # store cancels it while it is queued, and the worker skips it if a read of the
         # store under way brings it in
-        error = error_record(self.conv.id, message_id, "cancelled before it started", "cancelled")
         if not await self.conv.store.cancel_queued_turn(self.conv.id, message_id, error):
             return False
         self._dropped.add(message_id)
+        self._cancelled(message_id)
         return True
+
+    def _cancelled(self, turn_id: str) -> None:
+        """Where instances share the store, a turn cancelled in the queue ends with its Error
+        and End (none of it ran): a reader that follows it on another instance (the one its
+        send went through) settles on them, brought there by the event relay. Alone on its
+        store, the only reader of a queued turn is the transport that cancels it."""
+        events = self.conv.log
+        events.publish(Error(CANCELLED_ERROR, CANCELLED), turn_id)
+        events.publish(End(turn_id), turn_id)
 
     async def answer(self, turn_id: str, call_id: str, answer: Any) -> TurnRecord:
         """Give a waiting turn the answer to one of its waits; the turn goes on once every

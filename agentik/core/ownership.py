@@ -8,7 +8,8 @@ its lease (kept while the conversation is live in that instance's memory), under
 up conversations with turns to run whose owner is gone; and instances tell each other what
 changed through the store's notifications: ``wake`` (payload: a conversation id; its owner
 takes up what the store holds: sends and answers another instance stored, a released lease)
-and ``control`` (JSON ``{"conversation", "op"}``: ``interrupt``, ``forget``, ``rename``).
+and ``control`` (JSON ``{"conversation", "op"}``: ``interrupt``, with the ``turn`` it stops
+if one is named, ``forget``, ``rename``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ class Ownership:
     def wake(self, conversation_id: str) -> None:
         """Tell the conversation's owner the store holds something new for it."""
 
-    def tell(self, conversation_id: str, op: str) -> None:
-        """Tell every instance about a conversation (``control``)."""
+    def tell(self, conversation_id: str, op: str, turn_id: str | None = None) -> None:
+        """Tell every instance about a conversation (``control``), or one of its turns."""
 
     async def ask(self, conversation_id: str, op: str, turn_id: str) -> bool | None:
         """Ask the conversation's owner to do ``op`` (``cancel``) to one of its turns: what it
@@ -171,8 +172,11 @@ class SharedOwnership(Ownership):
     def wake(self, conversation_id: str) -> None:
         self.agent.jobs.spawn(f"wake {conversation_id}", self.store.notify(WAKE, conversation_id))
 
-    def tell(self, conversation_id: str, op: str) -> None:
-        payload = json.dumps({"conversation": conversation_id, "op": op})
+    def tell(self, conversation_id: str, op: str, turn_id: str | None = None) -> None:
+        message = {"conversation": conversation_id, "op": op}
+        if turn_id is not None:
+            message["turn"] = turn_id
+        payload = json.dumps(message)
         self.agent.jobs.spawn(f"{op} {conversation_id}", self.store.notify(CONTROL, payload))
 
     async def ask(self, conversation_id: str, op: str, turn_id: str) -> bool | None:
@@ -191,8 +195,10 @@ class SharedOwnership(Ownership):
 
     async def _answer(self, conv: ChatConversation, question: dict[str, Any]) -> None:
         """An owner's answer to :meth:`ask` (``cancel``: whether the turn was still queued
-        here; one this instance started is not cancelled)."""
-        ok = await conv.inbox.cancel_queued(str(question["turn"]))
+        here; one this instance started is not cancelled). The cancel is fenced by the lease
+        (Inbox.cancel_queued): an owner hung past it cancels nothing and answers no."""
+        # owned no more (lost or released meanwhile): the owner now answers, not this one
+        ok = self.owns(conv.id) and await conv.inbox.cancel_queued(str(question["turn"]))
         answer = {"conversation": conv.id, "op": "answer", "ask": question["ask"],
                   "to": question["from"], "ok": ok}  # fmt: skip
         await self.store.notify(CONTROL, json.dumps(answer))
@@ -317,7 +323,8 @@ class SharedOwnership(Ownership):
         if conv is None:
             return
         if op == "interrupt" and self.owns(conversation_id):
-            conv.interrupt()
+            turn = data.get("turn")  # the turn to stop: not another one that runs now
+            conv.interrupt(None if turn is None else str(turn))
         elif op == "cancel" and self.owns(conversation_id):
             self.agent.jobs.spawn(f"cancel {conversation_id}", self._answer(conv, data))
         elif op == "forget":

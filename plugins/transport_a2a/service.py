@@ -21,7 +21,7 @@ from a2a.utils import errors
 from a2a.utils.task import apply_history_length
 
 from agentik.core.agent import ConversationClosed
-from agentik.core.inbox import NotWaiting
+from agentik.core.inbox import CANCELLED, NotWaiting
 from agentik.core.store import utcnow
 from agentik.core.types import (
     AppendText,
@@ -59,6 +59,11 @@ TERMINAL = frozenset({S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_
 SETTLED = TERMINAL | {S.TASK_STATE_INPUT_REQUIRED}
 CUT_OFF = "the task's turn was cut off by a server restart"
 CONVERSATION_ID = "agentikConversationId"
+#: seconds a cancel through an instance that does not follow the task waits for its end
+CANCEL_WAIT = 10.0
+#: seconds between its interrupts of the task's turn (one told before the turn started, or
+#: lost, is said again)
+INTERRUPT_AGAIN = 0.5
 MAX_ID = 255  # characters of a client's contextId (it names a conversation for good)
 
 
@@ -466,7 +471,7 @@ class A2AService:
                 message=f"task {request.id} is {S.Name(run.task.status.state)}"
             )
         run.cancel_requested = True
-        if run.started and run.conv.interrupt():
+        if run.started and run.conv.interrupt(run.turn_id):
             await run.finished.wait()
             return run.snapshot()[0]
         run.task.status.CopyFrom(_now_status(S.TASK_STATE_CANCELED))
@@ -492,20 +497,25 @@ class A2AService:
         if conv is None or stored.turn_id not in open_turns:
             return None
         # not started: taken out of the queue (its owner says whether it started it: a turn is
-        # recorded running only at its first step); started: interrupted on its owner
-        if await conv.cancel_queued(stored.turn_id):
-            task: pb.Task = stored.task
-            self._settle(task, S.TASK_STATE_CANCELED, "")
-            await self.store.save(task)
-            return task
-        interrupted = False
-        for _ in range(200):  # the owner records its end (a few ms; 10 s at most)
+        # recorded running only at its first step); started: interrupted on its owner. Where
+        # no answer came, it may be either: the interrupt names the turn (the owner stops no
+        # other), and the owner is asked again while the store says it is queued.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANCEL_WAIT
+        interrupted_at = -INTERRUPT_AGAIN
+        while loop.time() < deadline:
+            if await conv.cancel_queued(stored.turn_id):
+                task: pb.Task = stored.task
+                self._settle(task, S.TASK_STATE_CANCELED, "")
+                await self.store.save(task)
+                return task
             now = await self.store.get(stored.task.id)
             if now is not None and now.task.status.state in TERMINAL:
-                ended: pb.Task = now.task
+                ended: pb.Task = now.task  # its follower recorded its end
                 return ended
-            # once: again only while its owner had not started it yet
-            interrupted = interrupted or await conv.ainterrupt()
+            if loop.time() - interrupted_at >= INTERRUPT_AGAIN:  # (a notification may be lost)
+                interrupted_at = loop.time()
+                await conv.ainterrupt(stored.turn_id)
             await asyncio.sleep(0.05)
         return None
 
@@ -578,7 +588,8 @@ class A2AService:
     async def _follow(self, run: TaskRun, after: int) -> None:
         task, conv = run.task, run.conv
         error: str | None = None
-        interrupted = ended = lost = False
+        # its turn was taken out of the queue on another instance: it ends with that Error
+        interrupted = ended = lost = cancelled = False
         earlier: list[dict[str, str]] = []  # statuses kept in memory: stored with the end
         try:
             async for item in self._items(run, after):
@@ -586,10 +597,16 @@ class A2AService:
                 if isinstance(event, Gap):
                     lost = True  # fell behind the replay buffer: the text comes from the log
                     continue
+                if isinstance(event, Error) and event.code == CANCELLED and not run.started:
+                    cancelled = True  # it never started: no WORKING status first
+                    continue
+                if isinstance(event, End) and cancelled:
+                    ended = run.turn_over = True
+                    continue
                 if not run.started:
                     run.started = True
                     if run.cancel_requested:
-                        conv.interrupt()
+                        conv.interrupt(run.turn_id)
                     elif task.status.state == S.TASK_STATE_SUBMITTED:
                         task.status.CopyFrom(_now_status(S.TASK_STATE_WORKING))
                         run.publish(Update("status_update", self._status_event(task)))
@@ -638,6 +655,8 @@ class A2AService:
                 # the log closed (shutdown) before the turn ran: it runs after the next start,
                 # where recover() follows it again
                 return
+            elif cancelled:
+                self._settle(task, S.TASK_STATE_CANCELED, "")
             elif error is not None:
                 self._settle(task, S.TASK_STATE_FAILED, run.reply(), error)
             elif interrupted or run.cancel_requested:
@@ -664,7 +683,7 @@ class A2AService:
     def _settle_from_record(
         self, task: pb.Task, kind: str, payload: dict[str, Any], cancel: bool = False
     ) -> None:
-        if kind == "error" and payload.get("code") == "cancelled":  # taken out of the queue
+        if kind == "error" and payload.get("code") == CANCELLED:  # taken out of the queue
             self._settle(task, S.TASK_STATE_CANCELED, "")
         elif kind == "error":
             message = payload.get("message") or "the turn failed"
