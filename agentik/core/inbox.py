@@ -206,7 +206,8 @@ class Inbox:
         self._settle = unclean or bool(self._settle)
         self.refresh()
         turns = await self.conv.store.open_turns(self.conv.id)
-        return sum(t.state is not TurnState.WAITING for t in turns)
+        kept, _ = self._resume_rules(turns, self._settle)
+        return sum(t.state is not TurnState.WAITING for t in kept)
 
     def _holding(self) -> bool:
         """A waiting turn holds the line (and no interrupt is ending it)."""
@@ -309,19 +310,26 @@ class Inbox:
         have started before its first step was stored — resumes unless ``resume_turns`` is off,
         a queued one runs unless ``resume_queued`` is off; the others end with a ``restart``
         Error record."""
-        agent = self.conv.agent
-        if agent.resume_turns and agent.resume_queued:
-            return turns
-        kept = []
-        for i, t in enumerate(turns):
-            ran = t.state is TurnState.RUNNING or (i == 0 and unclean)
-            resumed = agent.resume_turns if ran else agent.resume_queued
-            if t.state is TurnState.WAITING or resumed:
-                kept.append(t)
-                continue
+        kept, ended = self._resume_rules(turns, unclean)
+        for t in ended:
             error = error_record(self.conv.id, t.id, RESTART_ERROR, "restart")
             await self.conv.store.fail_turn(self.conv.id, t.id, error)
         return kept
+
+    def _resume_rules(
+        self, turns: list[TurnRecord], unclean: bool
+    ) -> tuple[list[TurnRecord], list[TurnRecord]]:
+        """The turns the resume rules keep, and those they end (see _settle_turns)."""
+        agent = self.conv.agent
+        if agent.resume_turns and agent.resume_queued:
+            return turns, []
+        kept: list[TurnRecord] = []
+        ended: list[TurnRecord] = []
+        for i, t in enumerate(turns):
+            ran = t.state is TurnState.RUNNING or (i == 0 and unclean)
+            resumed = agent.resume_turns if ran else agent.resume_queued
+            (kept if t.state is TurnState.WAITING or resumed else ended).append(t)
+        return kept, ended
 
     def interrupt(self, turn_id: str | None = None) -> bool:
         """Stop the running turn, or end the waiting one; queued sends still run. With
