@@ -36,7 +36,7 @@ from agentik.core.types import (
     UserMessage,
 )
 from agentik_llm_openai.backend import OpenAIBackend
-from tests.conftest import free_port, script_fake
+from tests.conftest import ON_POSTGRES, free_port, script_fake
 from tests.proxy import Proxy
 from tests.test_serve import openai_env
 
@@ -260,7 +260,10 @@ async def test_the_stream_survives_a_killed_and_restarted_server(serve, fake_ope
         ids.append(events.last_event_id)
         await events.aclose()
         gaps = [e for e in rest if isinstance(e, Gap)]
-        assert len(gaps) == 1 and gaps[0].after == ids[0]  # resumed from the last id seen
+        if ON_POSTGRES:  # the events outlive the process: the new owner says where it lost
+            assert gaps, rest
+        else:
+            assert len(gaps) == 1 and gaps[0].after == ids[0]  # resumed from the last id seen
         assert text_of(rest) == "echo: oneecho: two"  # the cut turn again, then the queued one
         assert [type(e) for e in rest].count(End) == 2
         assert all(isinstance(e, (UserMessage, StartResponse, AppendText)) for e in got)

@@ -546,6 +546,11 @@ class ChatAgent:
         """The sequence id of the newest agent-level event."""
         return self._events.last_seq
 
+    async def events_now(self) -> int:
+        """The id a reader of agent-level events from now on starts after (``last_event_id``,
+        counting this instance's events still on their way back on many instances)."""
+        return await self._events.now()
+
     def event_items(self, after: int | None = None) -> AsyncGenerator[StreamItem, None]:
         """:meth:`events` with their sequence ids, for transports."""
         return self._events.subscribe(self._events.last_seq if after is None else after)

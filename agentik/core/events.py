@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from itertools import islice
@@ -144,6 +145,11 @@ class EventLog:
         self._wake()
         return seq
 
+    async def producer_died(self, turn_id: str) -> None:
+        """The instance that produced this stream's events died, maybe amid ``turn_id``,
+        and this one goes on: nothing to say where one process keeps the stream (a new log,
+        after a restart, gives its resuming readers a ``Gap`` by itself)."""
+
     def close(self) -> None:
         """End every reader (shutdown, deleted conversation)."""
         self._closed = True
@@ -173,6 +179,11 @@ class EventLog:
         first = self._items[0].seq if self._items else self._seq + 1
         self._ids.gaps += 1
         return [StreamItem(first - 1, Gap(cursor)), *self._items]
+
+    async def now(self) -> int:
+        """The id a reader from now on starts after: every event published so far is at or
+        below it (:attr:`last_seq`, but for the agent stream of many instances)."""
+        return self._seq
 
     async def _start(self, cursor: int) -> list[StreamItem]:
         """What a reader resuming after ``cursor`` gets before the live events."""
@@ -255,6 +266,9 @@ class SharedEvents(abc.ABC):
         first; None when it does not hold the event ``after`` any more (or never did): what
         came after it may be lost."""
 
+    #: the id the database gave this instance's newest agent-level event sent (0: none)
+    agent_sent: int = 0
+
     @abc.abstractmethod
     async def flush(self) -> None:
         """Send what is pending now (a hand-off: before another instance produces more)."""
@@ -310,6 +324,13 @@ class SharedEventLog(EventLog):
         seq = super().publish(event, turn_id)
         self.shared.put(self.stream, seq, event, turn_id)
         return seq
+
+    async def producer_died(self, turn_id: str) -> None:
+        """Its readers get a ``Gap`` after the newest event the database holds: the dead
+        producer's last batch may never have reached it, and the turn resumes from its last
+        recorded step, not from what it streamed (a reader reads the history, as after the
+        restart of a single instance)."""
+        self.publish(Gap(await self.shared.last_seq(self.stream)), turn_id)
 
     def relay(self, seq: int, event: Event, turn_id: str | None = None) -> None:
         """An event another instance published in this stream, with its id; one not above
@@ -398,3 +419,10 @@ class AgentEventLog(SharedEventLog):
     def publish(self, event: Event, turn_id: str | None = None) -> int:
         self.shared.put(self.stream, 0, event, turn_id)
         return 0
+
+    async def now(self) -> int:
+        # this instance's events come back by the relay: a reader from now on starts after
+        # those it published before, not only after those relayed so far
+        with contextlib.suppress(Exception):  # the database is away: they come later
+            await self.shared.flush()
+        return max(self._seq, self.shared.agent_sent)

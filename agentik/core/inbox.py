@@ -286,6 +286,9 @@ class Inbox:
         before = {r.id for r in self.queue}
         turns = await conv.store.open_turns(conv.id)
         if self._settle is not None:  # taken over by the sweeper
+            if self._settle and turns and turns[0].state is not TurnState.WAITING:
+                # its last owner died as it may have run it: what it streamed last is lost
+                await conv.log.producer_died(turns[0].id)
             turns = await self._settle_turns(turns, self._settle)
             self._settle = None
         stored = {t.id for t in turns}

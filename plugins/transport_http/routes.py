@@ -320,7 +320,7 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
     after = resume_point(request)
     agent: ChatAgent = request.app[AGENT]
     if after is None:
-        after = agent.last_event_id
+        after = await agent.events_now()
     hub = request.app[HUB]
     return await hub.serve(request, agent.event_batches(after, hub.linger), after)
 

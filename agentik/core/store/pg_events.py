@@ -201,7 +201,12 @@ class PgEvents(SharedEvents):
         if self._flushing is not None:
             await asyncio.shield(self._flushing)
         if self._pending:  # what the last batch did not take
-            await self._flush()
+            try:
+                await self._flush()
+            except Exception:  # kept: the timer sends it again
+                if not self._closed and self._timer is None and self._flushing is None:
+                    self._schedule(RETRY)
+                raise
 
     # --- the producer side -----------------------------------------------------------------
 
@@ -254,7 +259,10 @@ class PgEvents(SharedEvents):
                 log.warning("%d events were not sent to the other instances", excess)
             raise
         self.batches += 1
-        self._own_batch(batch, sorted(row[0] for row in rows))
+        ids = sorted(row[0] for row in rows)
+        agent = [row_id for (stream, *_), row_id in zip(batch, ids, strict=False) if not stream]
+        self.agent_sent = max(self.agent_sent, *agent) if agent else self.agent_sent
+        self._own_batch(batch, ids)
 
     def _own_batch(self, batch: list[tuple[str, int, Event, str | None]], ids: list[int]) -> None:
         """This instance's batch went out with ``ids``. When they come right after the last
