@@ -609,6 +609,54 @@ async def test_a_lease_left_behind_by_a_failed_release_is_taken_up_by_its_holder
     assert room.ran == [("first", "A"), ("second", "A")]
 
 
+async def test_a_waiting_turn_with_a_send_behind_it_is_swept_only_once_its_owner_is_gone(
+    instances,
+):
+    """A turn waits for an approval on A, a send through B is queued behind it: while A lives,
+    no sweep touches the conversation (A's refreshed its inbox at every beat, a read of the
+    store each time, for as long as the turn waited); once A is killed, B's sweep takes it up,
+    and the approval through B runs the tool and then the send."""
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, a = await instances("A", [call], plugins=plugins)
+    b_client, b = await instances("B", plugins=plugins)
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "go")
+    on_a = a.live_conversation(cid)
+    assert on_a is not None
+    await wait_until(lambda: on_a.inbox.held is not None and not on_a.inbox.running, timeout=10)
+    await send(b_client, cid, "second")  # stored by B: A takes it up behind the waiting turn
+    await wait_until(lambda: len(on_a.inbox.queue) == 1 and not on_a.inbox.running)
+    refreshed: list[str] = []
+    refresh = on_a.inbox.refresh
+
+    def noted(**kwargs: Any) -> None:
+        refreshed.append(cid)
+        refresh(**kwargs)
+
+    on_a.inbox.refresh = noted  # type: ignore[method-assign]
+    for _ in range(3):  # three beats' sweeps on each
+        assert await a.ownership.sweep() == 0
+        assert await b.ownership.sweep() == 0
+    assert refreshed == [] and not on_a.inbox.running
+    assert a.ownership.owns(cid) and not b.ownership.owns(cid)
+    a.store.db.terminate()  # kill -9: the waiting conversation is B's sweep's to take up
+    for task in a.jobs._periodic:
+        task.cancel()
+    for _ in range(500):
+        if await b.ownership.sweep() or b.ownership.owns(cid):
+            break
+        await asyncio.sleep(0.01)
+    assert b.ownership.owns(cid)
+    r = await b_client.post(f"/agentik/conversations/{cid}/approvals/c1", json={"approve": True})
+    assert r.status == 200, await r.text()
+    await replies(b_client, cid, 2)
+    assert tools.ran == ["launch moon"]
+    assert [t for t, who in room.ran if who == "B"] == ["", "second"]
+
+
 # --- A2A cancels through another instance than the owner ----------------------------------
 
 A2A = ("agentik_transport_http", "agentik_transport_a2a")

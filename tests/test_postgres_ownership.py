@@ -144,3 +144,31 @@ async def test_two_answers_to_one_step_through_two_instances_both_count(stores):
     assert stored.state is TurnState.RUNNING
     assert [(w.call_id, w.answered) for w in stored.waits] == [("c1", True), ("c2", True)]
     assert {first.state, second.state} == {TurnState.WAITING, TurnState.RUNNING}
+
+
+async def test_a_waiting_conversation_is_swept_only_when_its_owner_is_gone(stores):
+    """A turn waits for an approval, a send is queued behind it: its live owner's sweep leaves
+    it alone (the answer takes the queue up; a sweep refreshed it at every beat), another
+    instance's too; once the owner is gone, or its lease free, the sweep takes it up."""
+    from agentik.core.turns import Wait
+
+    a, b = await stores(), await stores()
+    for cid in ("w", "q"):
+        await a.create_conversation(conv(cid))
+    await a.heartbeat("A", 0.5)
+    await b.heartbeat("B", 30)
+    lease = await a.acquire("w", "A")
+    assert lease is not None and await a.acquire("q", "A") is not None
+    await send(a, "u1", "w")
+    waiting = TurnUpdate(TurnState.WAITING, 1, (Wait("k1", "approval"),))
+    with a.fenced(lease):
+        await a.append("w", turn_id="u1", turn=waiting)
+    await send(a, "u2", "w")  # queued behind the waiting turn
+    await send(a, "q1", "q")  # a queued turn alone: its holder's sweep takes it up
+    assert await a.orphaned("A") == [("q", True)]
+    assert await b.orphaned("B") == []  # A is alive
+    await asyncio.sleep(0.7)  # A's heartbeat expired: gone
+    assert sorted(await b.orphaned("B")) == [("q", False), ("w", False)]
+    await a.heartbeat("A", 30)
+    await a.release(lease)  # a stop hands it over: free (q is A's again)
+    assert await b.orphaned("B") == [("w", False)]

@@ -180,15 +180,23 @@ FOR UPDATE OF t SKIP LOCKED
 """
 )
 # conversations with turns to run (queued, or running: answered, or cut by their owner's end)
-# that no other live instance owns, and whether this one holds their lease: the sweeper's
+# that no other live instance owns, and whether this one holds their lease: the sweeper's.
+# This instance's own are left out while a turn of theirs waits: the turns queued behind it
+# cannot run before its answer, which takes them up (a sweep refreshed them at every beat).
+# (CASE: the owner is tried for gone, its lock taken a moment, only when it is another one)
 _ORPHANED = (
     """
 SELECT DISTINCT t.conversation_id, l.owner IS NOT NULL AND l.owner = ? FROM turn t
 LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
 LEFT JOIN agentik_instance i ON i.id = l.owner
-WHERE t.state IN ('queued', 'running') AND (l.owner IS NULL OR l.owner = ? OR """
+WHERE t.state IN ('queued', 'running') AND CASE
+  WHEN l.owner IS NULL THEN true
+  WHEN l.owner = ? THEN NOT EXISTS (SELECT 1 FROM turn w
+                                    WHERE w.conversation_id = t.conversation_id
+                                      AND w.state = 'waiting')
+  ELSE """
     + _GONE
-    + """)
+    + """ END
 """
 )
 
@@ -731,8 +739,9 @@ class PostgresStore(SqlStore):
 
     async def orphaned(self, instance: str) -> list[tuple[str, bool]]:
         """The conversations with turns to run (queued, or running) whose lease is free, or
-        ``instance``'s, or whose owner is gone (its heartbeat expired, or its process ended):
-        the sweeper's; each with whether ``instance`` holds its lease."""
+        ``instance``'s (unless a turn of theirs waits for an answer), or whose owner is gone
+        (its heartbeat expired, or its process ended): the sweeper's; each with whether
+        ``instance`` holds its lease."""
 
         def q() -> list[tuple[str, bool]]:
             rows = self.db.execute(_ORPHANED, (instance, instance)).fetchall()
