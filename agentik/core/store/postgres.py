@@ -161,6 +161,10 @@ RETURNING epoch
 """
 )
 _RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ?"
+# a delete takes the lease's row first, as a fenced write (its FOR SHARE, then the conversation's
+# row: a message's foreign key, a touch) and an acquire do: the cascade from the conversation's
+# row reached the lease last, and a delete and the owner's write deadlocked
+_DELETE_LEASE = "DELETE FROM conversation_lease WHERE conversation_id = ?"
 # the oldest queued turn this instance may run: first of its conversation's queue, none of its
 # conversation's turns running or waiting, its conversation free, this instance's or its owner
 # gone; a row another claim has locked is skipped, not waited for
@@ -665,6 +669,10 @@ class PostgresStore(SqlStore):
 
     def _serialize(self, conversation_id: str) -> None:
         self.db.execute(_SERIALIZE, (conversation_id,))
+
+    def _delete(self, conversation_id: str) -> bool:
+        self.db.execute(_DELETE_LEASE, (conversation_id,))  # first: see _DELETE_LEASE
+        return super()._delete(conversation_id)
 
     # --- many instances on one database (issue 26) ------------------------------------------
 
