@@ -285,6 +285,35 @@ async def test_delete_and_rename_through_one_instance_reach_the_others(instances
     assert not a.ownership.owns(cid)
 
 
+async def busy_in_list(client, cid: str) -> bool:
+    listed = (await (await client.get("/agentik/conversations")).json())["items"]
+    (busy,) = [c["busy"] for c in listed if c["id"] == cid]
+    return bool(busy)
+
+
+async def test_a_non_owners_list_says_busy_from_the_store_not_from_its_copy(instances):
+    """B loads the conversation (a reader) while A runs its turn, past its tool's step: B's
+    copy holds the turn as it was then. B's list says busy from the turn table, not from that
+    copy, so it says idle once A's turn ends (the copy said busy for as long as it lived)."""
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    a_client, a = await instances("A", [call], plugins=[("tools", tools)])
+    b_client, b = await instances("B", plugins=[("tools", tools)])
+    cid = await new_conversation(a_client)
+    room.hang.add("")  # the model's call after the tool's result hangs
+    await send(a_client, cid, "go")
+    await wait_until(lambda: ("", "A") in room.ran)
+    await history(b_client, cid)  # B holds a copy in memory now
+    assert b.live_conversation(cid) is not None and not b.ownership.owns(cid)
+    assert await busy_in_list(b_client, cid) is True
+    room.release.set()
+    await replies(a_client, cid, 1)
+    await wait_until(lambda: not a.is_busy(cid))
+    assert await busy_in_list(b_client, cid) is False
+    assert await busy_in_list(a_client, cid) is False
+
+
 async def test_a_stop_hands_its_running_turn_to_another_instance(instances):
     """A stop (SIGTERM) cuts the running turn as a crash would and releases its lease: another
     instance resumes it from its last recorded step (the tool's result), and it ends once."""
