@@ -314,6 +314,26 @@ async def test_a_non_owners_list_says_busy_from_the_store_not_from_its_copy(inst
     assert await busy_in_list(a_client, cid) is False
 
 
+async def test_a_rename_through_a_non_owner_says_busy_from_the_store(instances):
+    """A runs a turn (its first model call: the turn table says queued); a rename through B,
+    which loads the conversation then, answers busy from the turn table, during the turn and
+    after it."""
+    room = instances.room
+    a_client, _a = await instances("A")
+    b_client, b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("long")
+    await send(a_client, cid, "long")
+    await wait_until(lambda: ("long", "A") in room.ran)
+    r = await b_client.patch(f"/agentik/conversations/{cid}", json={"title": "during"})
+    assert r.status == 200 and (await r.json())["busy"] is True
+    assert not b.ownership.owns(cid)
+    room.release.set()
+    await replies(a_client, cid, 1)
+    r = await b_client.patch(f"/agentik/conversations/{cid}", json={"title": "after"})
+    assert r.status == 200 and (await r.json())["busy"] is False
+
+
 async def test_a_stop_hands_its_running_turn_to_another_instance(instances):
     """A stop (SIGTERM) cuts the running turn as a crash would and releases its lease: another
     instance resumes it from its last recorded step (the tool's result), and it ends once."""
