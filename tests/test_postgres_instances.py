@@ -285,6 +285,55 @@ async def test_delete_and_rename_through_one_instance_reach_the_others(instances
     assert not a.ownership.owns(cid)
 
 
+async def busy_in_list(client, cid: str) -> bool:
+    listed = (await (await client.get("/agentik/conversations")).json())["items"]
+    (busy,) = [c["busy"] for c in listed if c["id"] == cid]
+    return bool(busy)
+
+
+async def test_a_non_owners_list_says_busy_from_the_store_not_from_its_copy(instances):
+    """B loads the conversation (a reader) while A runs its turn, past its tool's step: B's
+    copy holds the turn as it was then. B's list says busy from the turn table, not from that
+    copy, so it says idle once A's turn ends (the copy said busy for as long as it lived)."""
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    a_client, a = await instances("A", [call], plugins=[("tools", tools)])
+    b_client, b = await instances("B", plugins=[("tools", tools)])
+    cid = await new_conversation(a_client)
+    room.hang.add("")  # the model's call after the tool's result hangs
+    await send(a_client, cid, "go")
+    await wait_until(lambda: ("", "A") in room.ran)
+    await history(b_client, cid)  # B holds a copy in memory now
+    assert b.live_conversation(cid) is not None and not b.ownership.owns(cid)
+    assert await busy_in_list(b_client, cid) is True
+    room.release.set()
+    await replies(a_client, cid, 1)
+    await wait_until(lambda: not a.is_busy(cid))
+    assert await busy_in_list(b_client, cid) is False
+    assert await busy_in_list(a_client, cid) is False
+
+
+async def test_a_rename_through_a_non_owner_says_busy_from_the_store(instances):
+    """A runs a turn (its first model call: the turn table says queued); a rename through B,
+    which loads the conversation then, answers busy from the turn table, during the turn and
+    after it."""
+    room = instances.room
+    a_client, _a = await instances("A")
+    b_client, b = await instances("B")
+    cid = await new_conversation(a_client)
+    room.hang.add("long")
+    await send(a_client, cid, "long")
+    await wait_until(lambda: ("long", "A") in room.ran)
+    r = await b_client.patch(f"/agentik/conversations/{cid}", json={"title": "during"})
+    assert r.status == 200 and (await r.json())["busy"] is True
+    assert not b.ownership.owns(cid)
+    room.release.set()
+    await replies(a_client, cid, 1)
+    r = await b_client.patch(f"/agentik/conversations/{cid}", json={"title": "after"})
+    assert r.status == 200 and (await r.json())["busy"] is False
+
+
 async def test_a_stop_hands_its_running_turn_to_another_instance(instances):
     """A stop (SIGTERM) cuts the running turn as a crash would and releases its lease: another
     instance resumes it from its last recorded step (the tool's result), and it ends once."""
@@ -607,6 +656,54 @@ async def test_a_lease_left_behind_by_a_failed_release_is_taken_up_by_its_holder
     items = await replies(a_client, cid, 2, timeout=10)
     assert texts(items)[-2:] == [("user", "second"), ("assistant", "echo: second")]
     assert room.ran == [("first", "A"), ("second", "A")]
+
+
+async def test_a_waiting_turn_with_a_send_behind_it_is_swept_only_once_its_owner_is_gone(
+    instances,
+):
+    """A turn waits for an approval on A, a send through B is queued behind it: while A lives,
+    no sweep touches the conversation (A's refreshed its inbox at every beat, a read of the
+    store each time, for as long as the turn waited); once A is killed, B's sweep takes it up,
+    and the approval through B runs the tool and then the send."""
+    room = instances.room
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, a = await instances("A", [call], plugins=plugins)
+    b_client, b = await instances("B", plugins=plugins)
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "go")
+    on_a = a.live_conversation(cid)
+    assert on_a is not None
+    await wait_until(lambda: on_a.inbox.held is not None and not on_a.inbox.running, timeout=10)
+    await send(b_client, cid, "second")  # stored by B: A takes it up behind the waiting turn
+    await wait_until(lambda: len(on_a.inbox.queue) == 1 and not on_a.inbox.running)
+    refreshed: list[str] = []
+    refresh = on_a.inbox.refresh
+
+    def noted(**kwargs: Any) -> None:
+        refreshed.append(cid)
+        refresh(**kwargs)
+
+    on_a.inbox.refresh = noted  # type: ignore[method-assign]
+    for _ in range(3):  # three beats' sweeps on each
+        assert await a.ownership.sweep() == 0
+        assert await b.ownership.sweep() == 0
+    assert refreshed == [] and not on_a.inbox.running
+    assert a.ownership.owns(cid) and not b.ownership.owns(cid)
+    a.store.db.terminate()  # kill -9: the waiting conversation is B's sweep's to take up
+    for task in a.jobs._periodic:
+        task.cancel()
+    for _ in range(500):
+        if await b.ownership.sweep() or b.ownership.owns(cid):
+            break
+        await asyncio.sleep(0.01)
+    assert b.ownership.owns(cid)
+    r = await b_client.post(f"/agentik/conversations/{cid}/approvals/c1", json={"approve": True})
+    assert r.status == 200, await r.text()
+    await replies(b_client, cid, 2)
+    assert tools.ran == ["launch moon"]
+    assert [t for t, who in room.ran if who == "B"] == ["", "second"]
 
 
 # --- A2A cancels through another instance than the owner ----------------------------------

@@ -144,3 +144,71 @@ async def test_two_answers_to_one_step_through_two_instances_both_count(stores):
     assert stored.state is TurnState.RUNNING
     assert [(w.call_id, w.answered) for w in stored.waits] == [("c1", True), ("c2", True)]
     assert {first.state, second.state} == {TurnState.WAITING, TurnState.RUNNING}
+
+
+async def test_a_waiting_conversation_is_swept_only_when_its_owner_is_gone(stores):
+    """A turn waits for an approval, a send is queued behind it: its live owner's sweep leaves
+    it alone (the answer takes the queue up; a sweep refreshed it at every beat), another
+    instance's too; once the owner is gone, or its lease free, the sweep takes it up."""
+    from agentik.core.turns import Wait
+
+    a, b = await stores(), await stores()
+    for cid in ("w", "q"):
+        await a.create_conversation(conv(cid))
+    await a.heartbeat("A", 0.5)
+    await b.heartbeat("B", 30)
+    lease = await a.acquire("w", "A")
+    assert lease is not None and await a.acquire("q", "A") is not None
+    await send(a, "u1", "w")
+    waiting = TurnUpdate(TurnState.WAITING, 1, (Wait("k1", "approval"),))
+    with a.fenced(lease):
+        await a.append("w", turn_id="u1", turn=waiting)
+    await send(a, "u2", "w")  # queued behind the waiting turn
+    await send(a, "q1", "q")  # a queued turn alone: its holder's sweep takes it up
+    assert await a.orphaned("A") == [("q", True)]
+    assert await b.orphaned("B") == []  # A is alive
+    await asyncio.sleep(0.7)  # A's heartbeat expired: gone
+    assert sorted(await b.orphaned("B")) == [("q", False), ("w", False)]
+    await a.heartbeat("A", 30)
+    await a.release(lease)  # a stop hands it over: free (q is A's again)
+    assert await b.orphaned("B") == [("w", False)]
+
+
+async def test_a_delete_and_a_fenced_write_lock_the_lease_in_one_order(stores, postgres_url):
+    """The owner's fenced write locks the lease (FOR SHARE), then the conversation's row (the
+    foreign key of its message); a delete through another instance takes the lease's row
+    first too, so it waits for that write instead of locking the conversation's row and then
+    waiting for the lease (a deadlock, one of the two aborted by the server)."""
+    import asyncpg
+
+    from agentik.core.store.postgres import _FENCE, Shape
+
+    a, b = await stores(), await stores()
+    await a.create_conversation(conv())
+    await a.heartbeat("A", 30)
+    lease = await a.acquire("c1", "A")
+    await send(a, "u1")
+    writer = await asyncpg.connect(postgres_url)
+    try:
+        async with writer.transaction():  # the owner's fenced write, step by step
+            assert await writer.fetch(Shape(_FENCE).sql, "c1", "A", lease.epoch)
+            deleting = asyncio.create_task(b.delete_conversation("c1"))
+
+            async def delete_waits() -> bool:  # for a lock of the writer's
+                pid = writer.get_server_pid()
+                return bool(await writer.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                    pid))  # fmt: skip
+
+            for _ in range(500):
+                if await delete_waits() or deleting.done():
+                    break
+                await asyncio.sleep(0.01)
+            await writer.execute(
+                "INSERT INTO message (id, conversation_id, kind, turn_id, created_at, "
+                "payload_json) VALUES ('a1', 'c1', 'assistant', 'u1', now()::text, '{}')"
+            )
+        assert await deleting is True
+    finally:
+        await writer.close()
+    assert await a.get_conversation("c1") is None

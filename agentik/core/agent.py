@@ -519,9 +519,11 @@ class ChatAgent:
         return conv is not None and conv.busy
 
     async def busy_among(self, conversation_ids: Sequence[str]) -> set[str]:
-        """Which of these conversations are busy (:meth:`is_busy`), those another instance
-        runs too (from the store's turn table: one query)."""
-        busy = {c for c in conversation_ids if self.is_busy(c)}
+        """Which of these conversations are busy: those this instance owns as its memory says
+        (:meth:`is_busy`), the others as the store's turn table says (one query): a copy in
+        memory here of a conversation another instance runs (loaded by a reader) is not kept
+        up to date."""
+        busy = {c for c in conversation_ids if self.ownership.owns(c) and self.is_busy(c)}
         elsewhere = [c for c in conversation_ids if not self.ownership.owns(c)]
         if elsewhere:
             busy |= await self.store.busy_conversations(elsewhere)

@@ -237,7 +237,8 @@ class SharedOwnership(Ownership):
         its last recorded step. And those whose lease is this instance's while no worker of
         theirs runs here: the news of them was lost (a notification is sent at most once, and
         not at all by an instance killed after it stored a send), or their lease was left
-        behind (a release that failed): they are taken up from the store."""
+        behind (a release that failed): they are taken up from the store; not while a turn of
+        theirs waits (what is queued behind it runs after its answer, which takes it up)."""
         count = 0
         for conversation_id, mine in await self.store.orphaned(self.instance):
             if self.agent.stopping:

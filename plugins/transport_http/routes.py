@@ -168,7 +168,7 @@ async def rename_conversation(request: web.Request) -> web.Response:
         raise InvalidInput(f"unknown fields: {', '.join(sorted(set(body) - {'title'}))}")
     _check_title(body["title"])
     await conv.rename(body["title"])
-    return web.json_response(conv_json(conv))
+    return web.json_response(conv_json(conv, await conv.busy_now()))  # as get_conversation
 
 
 @routes.delete("/conversations/{id}")

@@ -277,7 +277,8 @@ class AgentTools:
         self, ctx: ServerRequestContext[Any], offset: int = 0, limit: int = 50
     ) -> tuple[str, dict[str, Any]]:
         infos = await self.agent.list_conversations(offset, limit)
-        items = [conversation_json(i, self.agent.is_busy(i.id)) for i in infos]
+        busy = await self.agent.busy_among([i.id for i in infos])  # across instances too
+        items = [conversation_json(i, i.id in busy) for i in infos]
         return json.dumps(items, ensure_ascii=False), {"conversations": items}
 
     async def get_messages(

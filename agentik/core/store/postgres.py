@@ -161,6 +161,10 @@ RETURNING epoch
 """
 )
 _RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ?"
+# a delete takes the lease's row first, as a fenced write (its FOR SHARE, then the conversation's
+# row: a message's foreign key, a touch) and an acquire do: the cascade from the conversation's
+# row reached the lease last, and a delete and the owner's write deadlocked
+_DELETE_LEASE = "DELETE FROM conversation_lease WHERE conversation_id = ?"
 # the oldest queued turn this instance may run: first of its conversation's queue, none of its
 # conversation's turns running or waiting, its conversation free, this instance's or its owner
 # gone; a row another claim has locked is skipped, not waited for
@@ -180,15 +184,23 @@ FOR UPDATE OF t SKIP LOCKED
 """
 )
 # conversations with turns to run (queued, or running: answered, or cut by their owner's end)
-# that no other live instance owns, and whether this one holds their lease: the sweeper's
+# that no other live instance owns, and whether this one holds their lease: the sweeper's.
+# This instance's own are left out while a turn of theirs waits: the turns queued behind it
+# cannot run before its answer, which takes them up (a sweep refreshed them at every beat).
+# (CASE: the owner is tried for gone, its lock taken a moment, only when it is another one)
 _ORPHANED = (
     """
 SELECT DISTINCT t.conversation_id, l.owner IS NOT NULL AND l.owner = ? FROM turn t
 LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
 LEFT JOIN agentik_instance i ON i.id = l.owner
-WHERE t.state IN ('queued', 'running') AND (l.owner IS NULL OR l.owner = ? OR """
+WHERE t.state IN ('queued', 'running') AND CASE
+  WHEN l.owner IS NULL THEN true
+  WHEN l.owner = ? THEN NOT EXISTS (SELECT 1 FROM turn w
+                                    WHERE w.conversation_id = t.conversation_id
+                                      AND w.state = 'waiting')
+  ELSE """
     + _GONE
-    + """)
+    + """ END
 """
 )
 
@@ -658,6 +670,10 @@ class PostgresStore(SqlStore):
     def _serialize(self, conversation_id: str) -> None:
         self.db.execute(_SERIALIZE, (conversation_id,))
 
+    def _delete(self, conversation_id: str) -> bool:
+        self.db.execute(_DELETE_LEASE, (conversation_id,))  # first: see _DELETE_LEASE
+        return super()._delete(conversation_id)
+
     # --- many instances on one database (issue 26) ------------------------------------------
 
     def shared(self) -> SharedStore:
@@ -731,8 +747,9 @@ class PostgresStore(SqlStore):
 
     async def orphaned(self, instance: str) -> list[tuple[str, bool]]:
         """The conversations with turns to run (queued, or running) whose lease is free, or
-        ``instance``'s, or whose owner is gone (its heartbeat expired, or its process ended):
-        the sweeper's; each with whether ``instance`` holds its lease."""
+        ``instance``'s (unless a turn of theirs waits for an answer), or whose owner is gone
+        (its heartbeat expired, or its process ended): the sweeper's; each with whether
+        ``instance`` holds its lease."""
 
         def q() -> list[tuple[str, bool]]:
             rows = self.db.execute(_ORPHANED, (instance, instance)).fetchall()

@@ -184,11 +184,12 @@ class SqlStore(Store):
         await self.db.write(lambda: self.db.execute(sql, params))
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        def q() -> bool:
-            cur = self.db.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
-            return bool(cur.rowcount)
+        return await self.db.write(lambda: self._delete(conversation_id))
 
-        return await self.db.write(q)
+    def _delete(self, conversation_id: str) -> bool:
+        """Delete a conversation, in a write (its rows go with it: ON DELETE CASCADE)."""
+        cur = self.db.execute("DELETE FROM conversation WHERE id = ?", (conversation_id,))
+        return bool(cur.rowcount)
 
     async def append(
         self,
