@@ -856,3 +856,41 @@ async def test_a_stale_owner_does_not_cancel_the_turn_its_successor_runs(instanc
     ]
     assert [m for m in items if m["type"] == "error"] == []
     assert (await conv.turn(second["id"])).state.value == "done"
+
+
+async def test_an_agui_run_through_a_non_owner_sees_the_turn_as_the_store_has_it(instances):
+    """AG-UI: B loaded the thread while its turn waited on A (B's memory holds the waiting
+    turn); the approval is answered through A and the turn ends there. A new message through B
+    is then a new turn, not refused as if the old one still waited (409 turn_waiting)."""
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    builtins = ("agentik_transport_http", "agentik_transport_agui")
+    steps = ([call], ["landed"], ["again"])
+    a_client, _a = await instances("A", *steps, plugins=plugins, builtins=builtins)
+    b_client, _b = await instances("B", plugins=plugins, builtins=builtins)
+
+    def run_input(run_id: str, *texts: str, **extra: Any) -> dict[str, Any]:
+        messages = [{"id": f"u-{i}", "role": "user", "content": t} for i, t in enumerate(texts)]
+        return {"threadId": "t-1", "runId": run_id, "messages": messages, "tools": [],
+                "context": [], "state": {}, "forwardedProps": {}, **extra}  # fmt: skip
+
+    async def events(client, body: dict[str, Any]) -> list[dict[str, Any]]:
+        r = await client.post("/agui", json=body)
+        assert r.status == 200, await r.text()
+        text = await r.text()
+        return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+    def text_of(items: list[dict[str, Any]]) -> str:
+        return "".join(e["delta"] for e in items if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+    asked = await events(a_client, run_input("r-1", "go"))
+    assert asked[-1]["outcome"]["type"] == "interrupt", asked[-1]
+    on_b = await b_client.server.app[AGENT].aliased_conversation("agui", "t-1")
+    assert not on_b.ownership.owns(on_b.id) and await on_b.waiting_turn() is not None
+    resume = [{"interruptId": "c1", "status": "resolved", "payload": {"approve": True}}]
+    done = await events(a_client, run_input("r-2", "go", resume=resume))
+    assert text_of(done) == "landed" and "outcome" not in done[-1], done
+    again = await events(b_client, run_input("r-3", "go", "once more"))
+    assert text_of(again) == "again" and "outcome" not in again[-1], again
+    assert tools.ran == ["launch moon"]

@@ -216,7 +216,8 @@ class ChatConversation(ConversationEvents):
         if self._evicted:
             return await (await self._current()).waiting_turn()
         held = self.inbox.held
-        if held is not None and held.state is TurnState.WAITING:
+        # held only where this instance runs its turns (elsewhere the store says)
+        if held is not None and held.state is TurnState.WAITING and self.ownership.owns(self.id):
             return held
         waiting = [t for t in await self.store.open_turns(self.id) if t.state is TurnState.WAITING]
         return waiting[0] if waiting else None

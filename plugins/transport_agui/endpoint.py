@@ -222,7 +222,8 @@ async def run(request: web.Request, agent: ChatAgent) -> web.StreamResponse:
             )
         conv = await agent.aliased_conversation("agui", body.thread_id)
         # a turn that waits keeps its conversation busy: an idle one costs no query here
-        waiting = await conv.waiting_turn() if conv.busy else None
+        # (where another instance runs its turns, one query of the turn table)
+        waiting = await conv.waiting_turn() if await conv.busy_now() else None
         if waiting is not None and (new.resume or new.answers(waiting)):
             return await _answer(request, body, conv, waiting, new)
         if new.resume:
