@@ -185,8 +185,9 @@ FOR UPDATE OF t SKIP LOCKED
 )
 # conversations with turns to run (queued, or running: answered, or cut by their owner's end)
 # that no other live instance owns, and whether this one holds their lease: the sweeper's.
-# This instance's own are left out while a turn of theirs waits: the turns queued behind it
-# cannot run before its answer, which takes them up (a sweep refreshed them at every beat).
+# Those free or this instance's own are left out while a turn of theirs waits: the turns
+# queued behind it cannot run before its answer, which takes them up (a sweep refreshed them
+# at every beat; an evicted one was taken up again, its queue ended with resume_queued off).
 # (CASE: the owner is tried for gone, its lock taken a moment, only when it is another one)
 _ORPHANED = (
     """
@@ -194,8 +195,7 @@ SELECT DISTINCT t.conversation_id, l.owner IS NOT NULL AND l.owner = ? FROM turn
 LEFT JOIN conversation_lease l ON l.conversation_id = t.conversation_id
 LEFT JOIN agentik_instance i ON i.id = l.owner
 WHERE t.state IN ('queued', 'running') AND CASE
-  WHEN l.owner IS NULL THEN true
-  WHEN l.owner = ? THEN NOT EXISTS (SELECT 1 FROM turn w
+  WHEN l.owner IS NULL OR l.owner = ? THEN NOT EXISTS (SELECT 1 FROM turn w
                                     WHERE w.conversation_id = t.conversation_id
                                       AND w.state = 'waiting')
   ELSE """
