@@ -396,20 +396,27 @@ def test_context_validation():
 
 
 async def test_temp_conversations_are_never_persisted(make_agent, tmp_path):
+    """Alone on its store (SQLite) a temporary conversation is never written. Where instances
+    share the store (PostgreSQL) it is in the database while it lives, so that every instance
+    serves it, but listed and counted nowhere, and gone once it ends."""
     agent = await make_agent()
     conv = await agent.create_conversation(temp=True)
     await conv.send(text("secret"))
     await conv.wait_idle()
     assert kinds(await conv.get_messages()) == ["user", "assistant"]
-    assert await agent.store.get_conversation(conv.id) is None
     assert await agent.count_conversations() == 0
+    assert await agent.list_conversations() == []
     assert (await agent.get_conversation(conv.id)) is conv
-    if TestDatabases.current is None:  # SQLite: not in the file at all (WAL, indexes …)
-        assert b"secret" not in (tmp_path / "agent.db").read_bytes()
     sql = "SELECT count(*) FROM message WHERE payload_json LIKE '%secret%'"
-    assert scalar(tmp_path / "agent.db", sql) == 0
+    if TestDatabases.current is None:  # SQLite: not in the file at all (WAL, indexes …)
+        assert await agent.store.get_conversation(conv.id) is None
+        assert b"secret" not in (tmp_path / "agent.db").read_bytes()
+        assert scalar(tmp_path / "agent.db", sql) == 0
+    else:
+        assert scalar(tmp_path / "agent.db", sql) == 2  # its message, and the echo
     assert await agent.delete_conversation(conv.id)
     assert await agent.get_conversation(conv.id) is None
+    assert scalar(tmp_path / "agent.db", sql) == 0
 
 
 async def test_images_are_refused_clearly_and_nothing_is_recorded(make_agent):

@@ -586,9 +586,6 @@ def test_docs_say_how_to_run_many_instances():
 
 
 @needs(OWNERSHIP)
-@pytest.mark.xfail(
-    strict=True, reason="temporary conversations live in the memory of the instance that made them"
-)
 async def test_a_temporary_conversation_is_served_by_every_instance(cluster, fake_openai_proc):
     """Round-robin: a temporary conversation's requests reach every instance, not only the one
     that created it (temporary conversations are owned like the others)."""

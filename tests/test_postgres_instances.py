@@ -18,7 +18,7 @@ from agentik.core.llm import LLMChunk, LLMInput, TextDelta, ToolCallRequest, Use
 from agentik.core.records import new_id, utcnow
 from agentik.core.testing import ScriptedConversation, ScriptedLLM, make_app
 from agentik.core.tools import tool
-from agentik.core.types import Message
+from agentik.core.types import AgentEvent, Message
 from agentik.hookspecs import hookimpl
 from tests.conftest import wait_until
 
@@ -894,3 +894,86 @@ async def test_an_agui_run_through_a_non_owner_sees_the_turn_as_the_store_has_it
     again = await events(b_client, run_input("r-3", "go", "once more"))
     assert text_of(again) == "again" and "outcome" not in again[-1], again
     assert tools.ran == ["launch moon"]
+
+
+# --- temporary conversations (issue 26, item 5) -----------------------------------------------
+
+
+async def in_database(agent, sql: str, *params: Any) -> int:
+    """A count read straight from the instances' schema."""
+    db = agent.store.db
+    return int(await db.read(lambda: db.execute(sql, params).fetchone()[0]))
+
+
+async def listed(client) -> list[str]:
+    return [c["id"] for c in (await (await client.get("/agentik/conversations")).json())["items"]]
+
+
+def deletions(agent) -> tuple[list[str], asyncio.Task[None]]:
+    """The conversations the agent's event stream says were deleted, from now on."""
+    seen: list[str] = []
+    events = agent.events()
+
+    async def read() -> None:
+        async for event in events:
+            if isinstance(event, AgentEvent) and event.kind == "ConversationDeleted":
+                seen.append(event.conversation_id)
+
+    return seen, asyncio.create_task(read())
+
+
+async def test_a_temporary_conversation_is_served_by_every_instance_and_ends_when_idle(
+    instances,
+):
+    """Made on A, it is served on B (a send through B runs on A, its owner), listed and
+    counted on neither; when A lets it go idle (its memory is full) it is deleted from the
+    database, and B drops its copy and tells its readers."""
+    room = instances.room
+    a_client, a = await instances("A", AGENTIK_LIVE_CONVERSATIONS="1")
+    b_client, b = await instances("B")
+    kept = await new_conversation(a_client)
+    r = await a_client.post("/agentik/conversations", json={"temp": True})
+    cid = (await r.json())["id"]
+    r = await b_client.get(f"/agentik/conversations/{cid}")
+    assert r.status == 200, await r.text()
+    assert (await r.json())["temp"] is True
+    await send(b_client, cid, "short-lived")
+    items = await replies(b_client, cid, 1)
+    assert texts(items) == [("user", "short-lived"), ("assistant", "echo: short-lived")]
+    assert room.ran == [("short-lived", "A")] and a.ownership.owns(cid)
+    for client in (a_client, b_client):
+        assert await listed(client) == [kept]
+        stats = await (await client.get("/agentik/stats")).json()
+        assert stats["conversations"] == 1 and stats["turns"] == 0
+    seen, reading = deletions(b)
+    await new_conversation(a_client)  # A's memory holds one conversation: the idle one goes
+    await wait_until(lambda: b.live_conversation(cid) is None)
+    await wait_until(lambda: cid in seen)
+    reading.cancel()
+    for client in (a_client, b_client):
+        assert (await client.get(f"/agentik/conversations/{cid}")).status == 404
+    assert await in_database(b, "SELECT count(*) FROM conversation WHERE id = ?", cid) == 0
+    assert await in_database(b, "SELECT count(*) FROM message WHERE conversation_id = ?", cid) == 0
+    assert await in_database(b, "SELECT count(*) FROM temporary_conversation") == 0
+
+
+async def test_the_temporary_conversations_of_a_killed_instance_are_deleted(instances):
+    """kill -9 of the instance that made a temporary conversation: nobody is left to let it go
+    idle, so the periodic job of one instance deletes it (no garbage), and the copies the
+    others hold go."""
+    a_client, a = await instances("A", AGENTIK_LEASE_TTL="0.6")
+    b_client, b = await instances("B", AGENTIK_LEASE_TTL="0.6")
+    r = await a_client.post("/agentik/conversations", json={"temp": True})
+    cid = (await r.json())["id"]
+    await send(a_client, cid, "hi")
+    await replies(b_client, cid, 1)  # B holds a copy
+    assert b.live_conversation(cid) is not None
+    assert await in_database(b, "SELECT count(*) FROM temporary_conversation") == 1
+    a.store.db.terminate()  # the process dies: nothing more of it reaches the server
+    a.jobs.leader._lost()  # (the session of its periodic jobs' locks too)
+    for task in a.jobs._periodic:
+        task.cancel()
+    await wait_until(lambda: b.live_conversation(cid) is None, timeout=10)
+    assert (await b_client.get(f"/agentik/conversations/{cid}")).status == 404
+    assert await in_database(b, "SELECT count(*) FROM conversation WHERE id = ?", cid) == 0
+    assert await in_database(b, "SELECT count(*) FROM temporary_conversation") == 0

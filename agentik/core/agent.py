@@ -93,6 +93,8 @@ class ChatAgent:
         self.ownership: Ownership = (
             Ownership() if shared is None else SharedOwnership(self, shared, lease_ttl)
         )
+        #: temporary conversations, alone on the store (where instances share it, they are
+        #: in the store with the others: store_of)
         self.temp_store = MemoryStore()
         self.llm = llm
         #: the long-term memory backend (agentik.core.memory), None when memory is off
@@ -244,7 +246,7 @@ class ChatAgent:
     def event_log(self, info: ConversationInfo, start: int | None = None) -> EventLog:
         """A new event log for a conversation; on many instances one shared with the others
         (``start``: the newest id of its stream the database holds, for one loaded here)."""
-        if self.shared_events is None or info.is_temporal:  # a temporary one lives here only
+        if self.shared_events is None:
             return EventLog(self.event_buffer, self.event_ids)
         # one made here (start None) has no event anywhere yet: from 0, not from this
         # instance's counter, so whatever its producer gives it is news (a producer moves its
@@ -376,7 +378,7 @@ class ChatAgent:
     ) -> ChatConversation:
         now = utcnow()
         info = ConversationInfo(new_id("conv"), title, temp, now, now)
-        await (self.temp_store if temp else self.store).create_conversation(info)
+        await self.ownership.create(self.store_of(temp), info)
         conv = self._remember(ChatConversation(self, info))
         self.publish("ConversationCreated", info.id)
         return conv
@@ -419,7 +421,7 @@ class ChatAgent:
         if info is None or conversation_id in self._deleting:
             return None
         log = None
-        if self.shared_events is not None and not info.is_temporal:
+        if self.shared_events is not None:
             log = await self._load_event_log(self.shared_events, info)
         conv = self._live.get(conversation_id)  # another caller may have loaded it meanwhile
         if conv is None:
@@ -564,9 +566,24 @@ class ChatAgent:
 
     # --- used by conversations ----------------------------------------------------------------
 
+    def store_of(self, temporary: bool) -> Store:
+        """Where a conversation is kept: a temporary one in this process's memory, never
+        written, unless instances share the store: then in it with the others (marked
+        temporary: not listed, counted or summed), so that every instance serves it."""
+        return self.temp_store if temporary and not self.ownership.shared else self.store
+
     async def forget_temporary(self, conversation_id: str) -> None:
-        if await self.temp_store.delete_conversation(conversation_id):
-            self.publish("ConversationDeleted", conversation_id)
+        """A temporary conversation its owner let go idle ends: deleted."""
+        if await self.store_of(True).delete_conversation(conversation_id):
+            self.deleted(conversation_id)
+
+    def deleted(self, conversation_id: str) -> None:
+        """A conversation was deleted from the store, by this instance but not through
+        :meth:`delete_conversation` (a temporary one that ended): this instance drops its copy,
+        the others are told to, and the agent's readers get ``ConversationDeleted``."""
+        self.drop(conversation_id, deleted=True)
+        self.ownership.forget(conversation_id)
+        self.publish("ConversationDeleted", conversation_id)
 
     def publish(self, kind: str, conversation_id: str) -> None:
         self._events.publish(AgentEvent(kind, conversation_id))

@@ -57,10 +57,10 @@ class ChatConversation(ConversationEvents):
         self.is_temporal = info.is_temporal
         self.created_at = info.created_at
         self.updated_at = info.updated_at
-        self.store: Store = agent.temp_store if info.is_temporal else agent.store
+        self.store: Store = agent.store_of(info.is_temporal)
         #: who runs its turns: the agent's (instances sharing the store), this process for a
-        #: temporary conversation (in this process's memory only)
-        self.ownership: Ownership = ALONE if info.is_temporal else agent.ownership
+        #: temporary conversation in its memory only
+        self.ownership: Ownership = ALONE if self.store is agent.temp_store else agent.ownership
         self.log = log if log is not None else agent.event_log(info)
         self.inbox = Inbox(self, open_turns)
         self.runner = TurnRunner(self)
@@ -346,9 +346,13 @@ class ChatConversation(ConversationEvents):
     def evict(self) -> None:
         """Dropped from the agent's memory while idle: later calls go to a fresh object."""
         self._evicted = True
+        # nothing else keeps it: an idle temporary conversation ends here, on its owner (an
+        # instance that only served it drops its copy)
+        ends = self.is_temporal and self.ownership.owns(self.id)
         self.ownership.release(self.id)
         self.log.close()
         if self.context.llm is not None:
             self.agent.jobs.spawn(f"release-llm:{self.id}", self.context.reset())
-        if self.is_temporal:  # nothing else keeps it: an idle temporary conversation ends here
-            self.agent.jobs.spawn(f"forget:{self.id}", self.agent.forget_temporary(self.id))
+        if ends:
+            with self.ownership.unfenced():  # not the work of the turn that evicted it
+                self.agent.jobs.spawn(f"forget:{self.id}", self.agent.forget_temporary(self.id))

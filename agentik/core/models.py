@@ -162,8 +162,22 @@ class ConversationLease(BaseModel):
         table_name = "conversation_lease"
 
 
+class TemporaryConversation(BaseModel):
+    """A temporary conversation (``temp``), where instances share the database: it is stored
+    like the others, so that every instance serves it, but it is listed, counted and summed
+    nowhere, and it ends (deleted) when its owner lets it go idle, or when its owner is gone
+    (agentik.core.ownership). Alone on its database an agent keeps them in memory only."""
+
+    conversation = peewee.ForeignKeyField(
+        Conversation, column_name="conversation_id", primary_key=True, on_delete="CASCADE"
+    )
+
+    class Meta:
+        table_name = "temporary_conversation"
+
+
 #: the tables of many instances on one database (the PostgreSQL store's)
-OWNERSHIP_MODELS: list[type[peewee.Model]] = [Instance, ConversationLease]
+OWNERSHIP_MODELS: list[type[peewee.Model]] = [Instance, ConversationLease, TemporaryConversation]
 
 MODELS: list[type[peewee.Model]] = [
     Conversation,

@@ -5,11 +5,13 @@ says so and does nothing else. Several instances on one PostgreSQL (issue 26) sh
 through :class:`SharedOwnership`: a conversation's turns run only on the instance that holds
 its lease (kept while the conversation is live in that instance's memory), under a fence
 (a write of a stale owner is refused); the instance beats every ``ttl / 3``; a sweeper takes
-up conversations with turns to run whose owner is gone; and instances tell each other what
-changed through the store's notifications: ``wake`` (payload: a conversation id; its owner
-takes up what the store holds: sends and answers another instance stored, a released lease)
-and ``control`` (JSON ``{"conversation", "op"}``: ``interrupt``, with the ``turn`` it stops
-if one is named, ``forget``, ``rename``).
+up conversations with turns to run whose owner is gone; a temporary conversation is stored
+too, owned from the start by the instance that made it, which deletes it when it lets it go
+idle (a job of one instance at a time deletes those whose owner is gone); and instances
+tell each other what changed through the store's notifications: ``wake`` (payload: a
+conversation id; its owner takes up what the store holds: sends and answers another instance
+stored, a released lease) and ``control`` (JSON ``{"conversation", "op"}``: ``interrupt``,
+with the ``turn`` it stops if one is named, ``forget``, ``rename``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import peewee
 
-from agentik.core.store.base import Lease, SharedStore
+from agentik.core.store.base import Lease, SharedStore, Store
+from agentik.core.types import ConversationInfo
 
 if TYPE_CHECKING:
     from agentik.core.agent import ChatAgent
@@ -49,6 +52,10 @@ class Ownership:
 
     async def take(self, conversation_id: str) -> bool:
         return True
+
+    async def create(self, store: Store, info: ConversationInfo) -> None:
+        """Store a new conversation."""
+        await store.create_conversation(info)
 
     def fenced(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -119,6 +126,8 @@ class SharedOwnership(Ownership):
         self._quiet_until = 0.0
         #: questions asked to owners (ask), by their key, until answered
         self._asked: dict[str, asyncio.Future[bool]] = {}
+        #: the beats share one connection: one at a time
+        self._beat_lock = asyncio.Lock()
 
     def owns(self, conversation_id: str) -> bool:
         return conversation_id in self.leases
@@ -141,6 +150,15 @@ class SharedOwnership(Ownership):
         # owner's way with ids of the last owner's range)
         self.leases[conversation_id] = lease
         return True
+
+    async def create(self, store: Store, info: ConversationInfo) -> None:
+        """A temporary conversation is this instance's from the start: stored with its lease,
+        in one transaction (_end_temporaries never finds it without an owner), so this
+        instance ends it when it lets it go idle (ChatConversation.evict)."""
+        if not info.is_temporal:
+            await store.create_conversation(info)
+            return
+        self.leases[info.id] = await self.store.create_owned(info, self.instance)
 
     def fenced(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
         return self.store.fenced(self.leases.get(conversation_id))
@@ -210,6 +228,8 @@ class SharedOwnership(Ownership):
         also while the rest starts), and listen."""
         await self.store.heartbeat(self.instance, self.ttl)
         self.agent.jobs.every("heartbeat", self.ttl / 3, self._beat)
+        jobs = self.agent.jobs
+        jobs.every("temporary conversations", self.ttl, self._end_temporaries, one_instance=True)
         await self.store.listen(WAKE, self._woken, self._missed)
         await self.store.listen(CONTROL, self._control)
 
@@ -220,9 +240,15 @@ class SharedOwnership(Ownership):
         return await self.sweep()
 
     async def _beat(self) -> None:
-        if await self.store.heartbeat(self.instance, self.ttl):
-            self._lost_connection()
+        await self._heartbeat()
         self._sweep_soon()
+
+    async def _heartbeat(self) -> None:
+        """One beat at a time (they share one connection); one that took this instance's lock
+        again makes it quiet."""
+        async with self._beat_lock:
+            if await self.store.heartbeat(self.instance, self.ttl):
+                self._lost_connection()
 
     def _lost_connection(self) -> None:
         """This instance's lock was taken again: its connection had been lost, maybe with a
@@ -269,6 +295,17 @@ class SharedOwnership(Ownership):
         unclean = not mine and self.leases[conversation_id].epoch > 1
         return await conv.inbox.take_over(unclean=unclean)
 
+    async def _end_temporaries(self) -> None:
+        """The temporary conversations no live instance owns end (their creator was killed, or
+        stopped: nobody is left to let them go idle): deleted, as through this instance. It
+        beats first and does nothing while quiet, as a sweep (after a lost connection every
+        instance looks gone until it beats again)."""
+        await self._heartbeat()
+        if time.monotonic() < self._quiet_until:
+            return
+        for conversation_id in await self.store.end_temporaries():
+            self.agent.deleted(conversation_id)
+
     def _sweep_soon(self) -> None:
         """A sweep in the background, one at a time (a request for one while one runs makes
         it run once more); none before start() or while quiet (a later beat sweeps)."""
@@ -303,7 +340,7 @@ class SharedOwnership(Ownership):
 
     async def _catch_up(self) -> None:
         with contextlib.suppress(Exception):  # the next beat tries again
-            await self.store.heartbeat(self.instance, self.ttl)
+            await self._heartbeat()
         await asyncio.sleep(max(0.0, self._quiet_until - time.monotonic()))
         self._sweep_soon()
 

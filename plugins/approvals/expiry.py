@@ -22,7 +22,8 @@ async def deny_expired(agent: ChatAgent, after: float) -> int:
     """Deny every approval asked more than ``after`` seconds ago; returns how many."""
     cutoff = utcnow() - timedelta(seconds=after)
     denied = 0
-    # temporary conversations keep their turns in memory, apart from the database
+    # temporary conversations keep their turns in memory, apart from the database (alone on
+    # it: where instances share it, they are in it with the others and temp_store is empty)
     turns = [*await agent.store.open_turns(), *await agent.temp_store.open_turns()]
     for turn in turns:
         if turn.state is not TurnState.WAITING:

@@ -25,7 +25,6 @@ from agentik_skills.format import Skill, SkillError, clean_description, name_par
 
 if TYPE_CHECKING:
     from agentik.core.conversation import ChatConversation
-    from agentik.core.store import Store
 
 log = logging.getLogger("agentik.skills")
 
@@ -140,7 +139,7 @@ class SkillMiner:
         return None
 
     async def _count_then_mine(self, conversation: ChatConversation) -> None:
-        turns = (await _store(conversation).token_stats(conversation.id)).turns
+        turns = (await conversation.store.token_stats(conversation.id)).turns
         conversation.state.setdefault(self.STATE, turns)
         if turns and turns % self.interval == 0:
             self._mine_later(conversation, turns)
@@ -171,7 +170,7 @@ class SkillMiner:
         return report
 
     async def _mine(self, conversation: ChatConversation, report: MiningReport) -> None:
-        records = await _store(conversation).recent_turns(conversation.id, self.max_turns)
+        records = await conversation.store.recent_turns(conversation.id, self.max_turns)
         transcript = transcript_entries(records)
         if not transcript:
             return
@@ -237,8 +236,3 @@ class SkillMiner:
                 log.info("[SkillMiner] %r is near %r: updating that one", name, near.name)
                 name = near.name
         return name, description, body
-
-
-def _store(conversation: ChatConversation) -> Store:
-    agent = conversation.agent
-    return agent.temp_store if conversation.is_temporal else agent.store

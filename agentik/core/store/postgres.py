@@ -41,6 +41,7 @@ from agentik.core.store.base import Lease, LeaseLost, SharedStore
 from agentik.core.store.sql import SqlStore
 from agentik.core.store.url import shown_url
 from agentik.core.turns import TurnRecord, TurnState, TurnUpdate
+from agentik.core.types import ConversationInfo
 
 T = TypeVar("T")
 
@@ -165,6 +166,22 @@ _RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner =
 # row: a message's foreign key, a touch) and an acquire do: the cascade from the conversation's
 # row reached the lease last, and a delete and the owner's write deadlocked
 _DELETE_LEASE = "DELETE FROM conversation_lease WHERE conversation_id = ?"
+# the temporary conversations no live instance owns (their lease free, or their owner gone),
+# deleted, with no turn to run (queued, or running: the sweeper takes those over)
+_END_TEMPORARY = (
+    """
+DELETE FROM conversation WHERE id IN (
+  SELECT tc.conversation_id FROM temporary_conversation tc
+  LEFT JOIN conversation_lease l ON l.conversation_id = tc.conversation_id
+  LEFT JOIN agentik_instance i ON i.id = l.owner
+  WHERE (l.owner IS NULL OR """
+    + _GONE
+    + """)
+    AND NOT EXISTS (SELECT 1 FROM turn t WHERE t.conversation_id = tc.conversation_id
+                    AND t.state IN ('queued', 'running'))
+) RETURNING id
+"""
+)
 # the oldest queued turn this instance may run: first of its conversation's queue, none of its
 # conversation's turns running or waiting, its conversation free, this instance's or its owner
 # gone; a row another claim has locked is skipped, not waited for
@@ -633,6 +650,7 @@ class PostgresStore(SqlStore):
         "SELECT turn_id FROM message WHERE conversation_id = ? AND kind = 'tool_call' "
         "AND payload_json::jsonb ->> 'callId' = ? ORDER BY seq DESC LIMIT 1"
     )
+    STORES_TEMPORARY = True  # every instance serves them (SqlStore)
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
@@ -713,6 +731,24 @@ class PostgresStore(SqlStore):
             return None if row is None else Lease(conversation_id, instance, int(row[0]))
 
         return await self.db.write(q)
+
+    async def create_owned(self, info: ConversationInfo, instance: str) -> Lease:
+        """Store a new conversation with its lease, ``instance``'s, in one transaction (a
+        temporary one is never without an owner: see end_temporaries)."""
+
+        def q() -> Lease:
+            self._insert_conversation(info)
+            row = self.db.execute(_ACQUIRE, (info.id, instance)).fetchone()
+            return Lease(info.id, instance, int(row[0]))
+
+        return await self.db.write(q)
+
+    async def end_temporaries(self) -> list[str]:
+        """Delete the temporary conversations no live instance owns and nothing is to run in
+        (their creator was killed, or stopped); returns their ids."""
+        return await self.db.write(
+            lambda: [str(r[0]) for r in self.db.execute(_END_TEMPORARY).fetchall()]
+        )
 
     async def release(self, lease: Lease) -> None:
         """Give a conversation up (a stop): another instance takes it without waiting for this

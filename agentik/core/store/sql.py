@@ -54,6 +54,12 @@ _TURN_COLUMNS = (
     "m.id, m.conversation_id, m.created_at, m.payload_json"
 )
 _SELECT_TURN = f"SELECT {_TURN_COLUMNS} FROM turn t JOIN message m ON m.id = t.id "
+# a conversation (its id: the placeholder) that is not temporary, where the store keeps
+# temporary conversations too (SqlStore.STORES_TEMPORARY)
+_NOT_TEMPORARY = "NOT EXISTS (SELECT 1 FROM temporary_conversation t WHERE t.conversation_id = {})"
+_INSERT_CONVERSATION = (
+    "INSERT INTO conversation (id, title, created_at, updated_at) VALUES (?, ?, ?, ?)"
+)
 _OPEN = tuple(str(s) for s in OPEN)
 _OPEN_SQL = ", ".join("?" * len(_OPEN))
 _PAGE = (
@@ -93,6 +99,10 @@ class SqlStore(Store):
     #: the dialect's statements (JSON fields): a subclass sets them
     TOKEN_TOTALS_SQL: str  # turns, input, output, uncounted of the assistant records
     CALL_TURN_SQL: str  # (conversation_id, call_id) -> the turn of the latest such tool call
+    #: temporary conversations are kept here too, marked in ``temporary_conversation`` (many
+    #: instances share the database: each must serve them), and left out of the lists, the
+    #: counts and the agent's totals; else (SQLite) they never reach the database
+    STORES_TEMPORARY = False
 
     db: SqlDatabase
     _usage: type[models.BackgroundUsage]
@@ -102,15 +112,22 @@ class SqlStore(Store):
 
     @staticmethod
     def _info(row: Sequence[Any]) -> ConversationInfo:
-        return ConversationInfo(row[0], row[1], False, dt(row[2]), dt(row[3]))
+        temporary = len(row) > 4 and row[4] is not None
+        return ConversationInfo(row[0], row[1], temporary, dt(row[2]), dt(row[3]))
 
     async def create_conversation(self, info: ConversationInfo) -> None:
-        await self.db.write(
-            lambda: self.db.execute(
-                "INSERT INTO conversation (id, title, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                (info.id, info.title, ts(info.created_at), ts(info.updated_at)),
+        await self.db.write(lambda: self._insert_conversation(info))
+
+    def _insert_conversation(self, info: ConversationInfo) -> None:
+        """Inside a write: the conversation's row (and a temporary one's mark)."""
+        row = (info.id, info.title, ts(info.created_at), ts(info.updated_at))
+        self.db.execute(_INSERT_CONVERSATION, row)
+        if info.is_temporal:
+            if not self.STORES_TEMPORARY:
+                raise ValueError("this store keeps no temporary conversation")
+            self.db.execute(
+                "INSERT INTO temporary_conversation (conversation_id) VALUES (?)", (info.id,)
             )
-        )
 
     async def aliased_conversation(
         self, namespace: str, key: str, new: ConversationInfo
@@ -124,10 +141,7 @@ class SqlStore(Store):
             ).fetchone()
             if row is not None:
                 return self._info(row), False
-            self.db.execute(
-                "INSERT INTO conversation (id, title, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                (new.id, new.title, ts(new.created_at), ts(new.updated_at)),
-            )
+            self._insert_conversation(new)
             self.db.execute(
                 "INSERT INTO conversation_alias (namespace, key, conversation_id) VALUES (?, ?, ?)",
                 (namespace, key, new.id),
@@ -139,33 +153,42 @@ class SqlStore(Store):
         return await self.db.write(q)
 
     async def get_conversation(self, conversation_id: str) -> ConversationInfo | None:
+        sql = "SELECT id, title, created_at, updated_at FROM conversation WHERE id = ?"
+        if self.STORES_TEMPORARY:
+            sql = (
+                "SELECT c.id, c.title, c.created_at, c.updated_at, t.conversation_id "
+                "FROM conversation c LEFT JOIN temporary_conversation t "
+                "ON t.conversation_id = c.id WHERE c.id = ?"
+            )
+
         def q() -> ConversationInfo | None:
-            row = self.db.execute(
-                "SELECT id, title, created_at, updated_at FROM conversation WHERE id = ?",
-                (conversation_id,),
-            ).fetchone()
+            row = self.db.execute(sql, (conversation_id,)).fetchone()
             return self._info(row) if row else None
 
         return await self.db.read(q)
 
     async def list_conversations(self, offset: int, limit: int) -> list[ConversationInfo]:
+        sql = (
+            "SELECT id, title, created_at, updated_at FROM conversation "
+            f"{self._listed()}ORDER BY updated_at DESC, id LIMIT ? OFFSET ?"
+        )
+
         def q() -> list[ConversationInfo]:
-            rows = self.db.execute(
-                "SELECT id, title, created_at, updated_at FROM conversation "
-                "ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
-                (limit, offset),
-            ).fetchall()
+            rows = self.db.execute(sql, (limit, offset)).fetchall()
             return [self._info(r) for r in rows]
 
         return await self.db.read(q)
 
     async def count_conversations(self) -> int:
-        return cast(
-            int,
-            await self.db.read(
-                lambda: self.db.execute("SELECT count(*) FROM conversation").fetchone()[0]
-            ),
-        )
+        sql = f"SELECT count(*) FROM conversation {self._listed()}"
+        return cast(int, await self.db.read(lambda: self.db.execute(sql).fetchone()[0]))
+
+    def _listed(self) -> str:
+        """The condition (a WHERE clause, or nothing) of the conversations that are listed and
+        counted: not the temporary ones this store keeps."""
+        if not self.STORES_TEMPORARY:
+            return ""
+        return f"WHERE {_NOT_TEMPORARY.format('conversation.id')} "
 
     async def update_conversation(
         self,
@@ -560,6 +583,8 @@ class SqlStore(Store):
             if conversation_id is not None:
                 sql += " AND conversation_id = ?"
                 params = (conversation_id,)
+            elif self.STORES_TEMPORARY:  # the agent's totals: not its temporary conversations
+                sql += f" AND {_NOT_TEMPORARY.format('message.conversation_id')}"
             turns, tin, tout, uncounted = self.db.execute(sql, params).fetchone()
             if conversation_id is None:
                 return TokenStats(turns, tin, tout, uncounted)
