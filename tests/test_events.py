@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from agentik.core.events import EventIds, EventLog, SharedEventLog, SharedEvents
 from agentik.core.types import AppendText, End, Gap, UserMessage
+from tests.conftest import ON_POSTGRES
 
 
 async def read(log: EventLog, after: int | None, n: int) -> list:
@@ -165,6 +168,7 @@ async def test_close_ends_every_reader():
     assert [i.event.text for i in await asyncio.wait_for(reader, 2)] == ["x"]
 
 
+@pytest.mark.skipif(ON_POSTGRES, reason="ids from the database's sequence (test_postgres_events)")
 async def test_the_agent_keeps_a_mark_ahead_of_its_ids_in_the_store(make_agent, tmp_path):
     from agentik.core.agent import EVENT_ID_BLOCK, EVENT_IDS
 
