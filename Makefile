@@ -96,7 +96,7 @@ typecheck: install-test
 # tests/test_postgres*.py and tests/test_cluster.py (three `agentik serve` on one schema behind
 # HAProxy, tests/cluster.py) run on it in the first pass. The whole suite on it: make test-postgres
 POSTGRES_TESTS := tests/test_turns_e2e.py tests/test_a2a.py tests/test_memory_vector.py \
-	tests/test_reflection.py tests/test_openai_api.py tests/test_client.py
+	tests/test_reflection.py tests/test_openai_api.py tests/test_client.py tests/test_turns.py
 unit: install-test
 	$(BIN)/pytest -q
 	AGENTIK_TEST_DATABASE=postgres $(BIN)/pytest -q $(POSTGRES_TESTS)

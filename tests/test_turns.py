@@ -20,7 +20,7 @@ from agentik.core.tool_steps import CUT_CALL
 from agentik.core.tools import tool
 from agentik.core.turns import TurnRecord, TurnState, TurnStateError, Wait, check_move
 from agentik.core.types import Message, TextPart, UnknownReference
-from tests.conftest import collect_turn
+from tests.conftest import ON_POSTGRES, collect_turn
 
 Q, R, W, D, F, C = (TurnState.QUEUED, TurnState.RUNNING, TurnState.WAITING, TurnState.DONE,
                     TurnState.FAILED, TurnState.CANCELLED)  # fmt: skip
@@ -209,7 +209,9 @@ async def test_a_waiting_turn_waits_on_across_a_restart(make_agent, tmp_path):
     await conv.wait_idle()
     await agent.close()
     agent2 = await make_agent(ScriptedLLM(["landed"]), tools=counting_tools(ran), db=db)
-    assert await agent2.resume() == 1  # the queued send (behind the waiting turn)
+    # the queued send behind the waiting turn; where instances share the store, nothing is
+    # taken up until the answer (a free conversation whose turn waits is left to it)
+    assert await agent2.resume() == (0 if ON_POSTGRES else 1)
     conv2 = await agent2.get_conversation(conv.id)
     assert conv2.busy and not conv2.inbox.running  # the queued send waits behind it
     await conv2.resume_turn(user.id, "c1", True)
@@ -342,6 +344,7 @@ async def test_with_resume_off_a_turn_cut_after_a_step_ends_with_a_restart_error
     agent2 = await make_agent(ScriptedLLM(), db=db, resume_turns=False)
     assert await agent2.resume() == 0
     conv2 = await agent2.get_conversation(conv.id)
+    await conv2.wait_idle()  # on PostgreSQL its worker settles what the sweep took over
     assert (await history(conv2))[-1] == ("error", "restart")
 
 

@@ -285,8 +285,9 @@ class Inbox:
         self._reload = False
         before = {r.id for r in self.queue}
         turns = await conv.store.open_turns(conv.id)
+        died = bool(self._settle)  # its last owner ended without handing it over
         if self._settle is not None:  # taken over by the sweeper
-            if self._settle and turns and turns[0].state is not TurnState.WAITING:
+            if died and turns and turns[0].state is not TurnState.WAITING:
                 # its last owner died as it may have run it: what it streamed last is lost
                 await conv.log.producer_died(turns[0].id)
             turns = await self._settle_turns(turns, self._settle)
@@ -300,8 +301,14 @@ class Inbox:
         self.queue = deque([*queued, *later])
         self._dropped &= {r.id for r in self.queue}  # the others were read as over
         head = next((t for t in turns if t.state is not TurnState.QUEUED), None)
-        if head is not None and head.state is TurnState.RUNNING and not _answered_wait(head):
-            self._cut.add(head.id)  # its owner ended while it ran
+        # its owner ended while it ran; answered, it may have gone on with the answers before
+        # it died (a call it ran must not run twice), or none went on with them yet
+        if (
+            head is not None
+            and head.state is TurnState.RUNNING
+            and (died or not _answered_wait(head))
+        ):
+            self._cut.add(head.id)
         self.held = head
         for record in queued:
             if record.id not in local:
