@@ -260,3 +260,27 @@ async def test_an_instance_that_holds_nothing_of_a_batch_skips_it_unread(instanc
     await send(a, cid)
     assert [f["event"] for f in await read_sse(on_b_conv)][-1] == "End"
     assert shared_b.reads > reads
+
+
+async def test_a_conversation_held_where_nobody_reads_it_has_its_batches_skipped(instances):
+    """The create went to B (it holds the conversation), its turns run on A: with nobody
+    reading it on B, B reads none of A's batches, and its log moves past them (their newest
+    ids are in the notification): a reader that comes to B from now on gets the next turn and
+    nothing older, one resuming from an id of the skipped turn reads the rest from the table."""
+    a, b = await instances(), await instances()
+    shared_b = b.app[AGENT].shared_events
+    cid = await new_conv(b)
+    on_a = await stream(a, cid)
+    reads = shared_b.reads
+    await send(a, cid)
+    turn = await read_sse(on_a)
+    await a.app[AGENT].shared_events.flush()
+    await asyncio.sleep(0.2)  # the notifications reached B
+    assert shared_b.reads == reads  # held there, read by nobody: skipped
+    on_b = await stream(b, cid)  # from now on
+    await send(a, cid)
+    second = await read_sse(on_b)
+    assert second == await read_sse(on_a)  # no Gap, nothing of the first turn
+    resumed = await stream(b, cid, turn[0]["id"])
+    assert await read_sse(resumed) == turn[1:]
+    resumed.close()

@@ -245,7 +245,10 @@ class PgEvents(SharedEvents):
             columns[1].append(seq if stream else None)
             columns[2].append(turn_id)
             columns[3].append(_dumps(event.to_json()))
-        streams = " ".join({s or AGENT_STREAM: None for s in columns[0]})
+        newest: dict[str, int] = {}  # each conversation's newest id in the batch
+        for stream, seq, *_ in batch:
+            newest[stream] = seq
+        streams = " ".join(f"{s}:{seq}" if s else AGENT_STREAM for s, seq in newest.items())
         if len(streams) > NOTIFY_STREAMS:
             streams = "*"
         try:
@@ -293,9 +296,11 @@ class PgEvents(SharedEvents):
             self._read_soon()
 
     def _pass_over(self, batch: str) -> bool:
-        """Skip the batch ``"<first id> <last id> <streams>"`` unread, when it comes right
-        after the last row read here, no conversation of it is held here and nobody here
-        reads the agent stream (whose log moves past it: its ids are the rows')."""
+        """Skip the batch ``"<first id> <last id> <streams>"`` unread (``<streams>``: each
+        conversation's ``<id>:<newest id>``, and ``-`` for the agent stream), when it comes
+        right after the last row read here and nobody here reads any of its streams: the logs
+        held here move past it, as the relay moves a log nobody reads (the agent's to the
+        last row id: its ids are the rows')."""
         first, _, rest = batch.partition(" ")
         last, _, streams = rest.partition(" ")
         try:
@@ -304,17 +309,18 @@ class PgEvents(SharedEvents):
             newest = int(last)
         except ValueError:  # an older version's payload
             return False
-        agent = None
-        for stream in streams.split(" "):
-            log = self._logs("" if stream == AGENT_STREAM else stream)
+        unread: list[tuple[SharedEventLog, int]] = []
+        for entry in streams.split(" "):
+            stream, _, seq = entry.rpartition(":") if entry != AGENT_STREAM else ("", "", last)
+            log = self._logs(stream)
             if log is None:
                 continue
-            if stream != AGENT_STREAM or log.readers:
+            if log.readers or not seq.isdigit():  # read (or an older version's entry)
                 return False
-            agent = log
+            unread.append((log, int(seq)))
         self._last = newest
-        if agent is not None:
-            agent.pass_over(newest)
+        for log, seq in unread:
+            log.pass_over(seq)
         return True
 
     def _reading_now(self) -> bool:
