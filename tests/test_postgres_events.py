@@ -284,3 +284,33 @@ async def test_a_conversation_held_where_nobody_reads_it_has_its_batches_skipped
     resumed = await stream(b, cid, turn[0]["id"])
     assert await read_sse(resumed) == turn[1:]
     resumed.close()
+
+
+async def test_one_batch_at_a_time_whoever_sends_it(instances):
+    """A flush asked for (a hand-off, a reader of the agent stream from now on) and the
+    timer's next batch never go out together: two in flight could commit out of order, and
+    the other instances would drop the earlier one's events as repeats."""
+    shared = (await instances()).app[AGENT].shared_events
+    send_batch = shared._flush
+    flying = peak = 0
+
+    async def slow_batch() -> None:  # a slow database: the timer's next batch falls due
+        nonlocal flying, peak
+        flying += 1
+        peak = max(peak, flying)
+        try:
+            await asyncio.sleep(0.05)
+            await send_batch()
+        finally:
+            flying -= 1
+
+    shared._flush = slow_batch
+    shared.put("c", 1, AppendText("first"), None)
+    asked = asyncio.ensure_future(shared.flush())
+    await asyncio.sleep(0.01)
+    shared.put("c", 2, AppendText("second"), None)  # its batch waits for the first
+    await asked
+    await asyncio.sleep(0.15)  # the timer sent the second
+    assert peak == 1
+    after_first = await shared.replay("c", 1)  # None: the first is not in the table
+    assert after_first is not None and [i.event.text for i in after_first] == ["second"]

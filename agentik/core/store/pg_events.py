@@ -194,19 +194,24 @@ class PgEvents(SharedEvents):
             await self.flush()
 
     async def flush(self) -> None:
-        """Send what is pending now (a stop; tests)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._flushing is not None:
-            await asyncio.shield(self._flushing)
-        if self._pending:  # what the last batch did not take
-            try:
-                await self._flush()
-            except Exception:  # kept: the timer sends it again
-                if not self._closed and self._timer is None and self._flushing is None:
-                    self._schedule(RETRY)
-                raise
+        """Send what is pending now (a stop, a hand-off, a reader of the agent stream from
+        now on); raises if it could not (the timer sends it again). One batch at a time, as
+        the timer's: two in flight could commit out of order, and a reader elsewhere would
+        drop the earlier one's events as repeats."""
+        while True:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._flushing is not None:
+                await asyncio.shield(self._flushing)
+                continue  # another may have begun meanwhile
+            if not self._pending:
+                return
+            task = self._flushing = asyncio.get_running_loop().create_task(
+                self._flush_then_next(quiet=False), context=contextvars.Context()
+            )
+            await asyncio.shield(task)  # raises what the batch raised
+            return
 
     # --- the producer side -----------------------------------------------------------------
 
@@ -225,17 +230,21 @@ class PgEvents(SharedEvents):
         self._timer = None
         self._flushing = asyncio.get_running_loop().create_task(self._flush_then_next())
 
-    async def _flush_then_next(self) -> None:
+    async def _flush_then_next(self, quiet: bool = True) -> None:
+        """One batch, then the timer for what came meanwhile (``quiet``: a failure is logged,
+        not raised: the timer's)."""
         delay = self.interval
         try:
             await self._flush()
         except Exception as e:
-            log.warning("could not send events to the other instances (retrying): %s", e)
             delay = RETRY
+            if not quiet:
+                raise
+            log.warning("could not send events to the other instances (retrying): %s", e)
         finally:
             self._flushing = None
-        if self._pending and not self._closed:
-            self._schedule(delay)
+            if self._pending and not self._closed and self._timer is None:
+                self._schedule(delay)
 
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
@@ -319,8 +328,8 @@ class PgEvents(SharedEvents):
                 return False
             unread.append((log, int(seq)))
         self._last = newest
-        for log, seq in unread:
-            log.pass_over(seq)
+        for log, newest_seq in unread:
+            log.pass_over(newest_seq)
         return True
 
     def _reading_now(self) -> bool:
