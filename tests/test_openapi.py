@@ -770,6 +770,8 @@ async def test_gap_events_match_document(aiohttp_client: Any) -> None:
         else:
             assert lost["id"] == oldest - 1
         replay.close()
+        if ON_POSTGRES:  # the table replays an id it holds beyond the buffer: no Gap there
+            continue
         behind = await api.stream(path, headers={"Last-Event-ID": str(oldest - 2)})
         gap = await behind.frame()
         assert gap["data"] == {"type": "Gap", "after": oldest - 2}
