@@ -977,3 +977,75 @@ async def test_the_temporary_conversations_of_a_killed_instance_are_deleted(inst
     assert (await b_client.get(f"/agentik/conversations/{cid}")).status == 404
     assert await in_database(b, "SELECT count(*) FROM conversation WHERE id = ?", cid) == 0
     assert await in_database(b, "SELECT count(*) FROM temporary_conversation") == 0
+
+
+class SlowTools:
+    """``guarded`` (needs approval) runs until its instance stops."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.started = asyncio.Event()
+
+    @hookimpl
+    def register_tools(self, register: Any) -> None:
+        async def launch(target: str) -> str:
+            """Launch at a target."""
+            self.ran.append(f"launch {target}")
+            self.started.set()
+            await asyncio.Event().wait()
+            return "launched"
+
+        register(tool(launch, name="guarded", requires_approval=True))
+
+
+async def test_an_approved_call_a_stop_cut_is_not_run_again_by_the_next_owner(instances):
+    """A runs the approved call; a stop (SIGTERM) hands the turn over while it runs: B cuts
+    it (the model is told it may have taken effect), it does not run it a second time. (The
+    store still says the turn's waits are answered: without the mark A wrote before the call,
+    B took the turn as one nobody had gone on with.)"""
+    from agentik.core.tool_steps import CUT_CALL
+
+    tools = SlowTools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, _a = await instances("A", [call], plugins=plugins)
+    b_client, _b = await instances("B", ["understood"], plugins=plugins)
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "go")
+    for _ in range(200):
+        r = await a_client.get(f"/agentik/conversations/{cid}/approvals")
+        if (await r.json())["items"]:
+            break
+        await asyncio.sleep(0.05)
+    r = await a_client.post(f"/agentik/conversations/{cid}/approvals/c1", json={"approve": True})
+    assert r.status == 200, await r.text()
+    await asyncio.wait_for(tools.started.wait(), 5)
+    await a_client.close()  # the stop hands the turn over, its call cut
+    items = await replies(b_client, cid, 1)
+    assert tools.ran == ["launch moon"]
+    assert [m["text"] for m in items if m["type"] == "tool_result"] == [CUT_CALL]
+    assert items[-1]["type"] == "assistant" and items[-1]["text"] == "understood"
+
+
+async def test_a_send_that_takes_a_killed_owners_conversation_settles_it_as_a_crash(instances):
+    """kill -9 of A while its turn runs; before any sweep (every 20 s here), a send through B
+    takes the conversation: B settles what A left as a crash would, not as a clean hand-off:
+    with AGENTIK_RESUME_TURNS=0 the cut turn ends with a restart error instead of running
+    again, then the send runs."""
+    room = instances.room
+    a_client, a = await instances("A", AGENTIK_LEASE_TTL="60")
+    b_client, _b = await instances("B", AGENTIK_LEASE_TTL="60", AGENTIK_RESUME_TURNS="0")
+    cid = await new_conversation(a_client)
+    room.hang.add("stuck")
+    await send(a_client, cid, "stuck")
+    await wait_until(lambda: ("stuck", "A") in room.ran)
+    a.store.db.terminate()  # the process dies: nothing more of it reaches the server
+    for task in a.jobs._periodic:
+        task.cancel()
+    room.hang.discard("stuck")
+    await send(b_client, cid, "next")
+    items = await replies(b_client, cid, 2)
+    # (the error is recorded when B settles the cut turn: after the send it took it with)
+    assert [m["type"] for m in items] == ["user", "user", "error", "assistant"], items
+    assert items[2]["code"] == "restart" and text_of(items[-1]) == "echo: next"
+    assert ("stuck", "B") not in room.ran

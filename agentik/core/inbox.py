@@ -283,6 +283,8 @@ class Inbox:
         conversation's events)."""
         conv = self.conv
         self._reload = False
+        if conv.ownership.inherited(conv.id):  # taken by a send, an answer, an interrupt here
+            self._settle = True
         before = {r.id for r in self.queue}
         turns = await conv.store.open_turns(conv.id)
         died = bool(self._settle)  # its last owner ended without handing it over
@@ -301,14 +303,8 @@ class Inbox:
         self.queue = deque([*queued, *later])
         self._dropped &= {r.id for r in self.queue}  # the others were read as over
         head = next((t for t in turns if t.state is not TurnState.QUEUED), None)
-        # its owner ended while it ran; answered, it may have gone on with the answers before
-        # it died (a call it ran must not run twice), or none went on with them yet
-        if (
-            head is not None
-            and head.state is TurnState.RUNNING
-            and (died or not _answered_wait(head))
-        ):
-            self._cut.add(head.id)
+        if head is not None and head.state is TurnState.RUNNING and not _answered_wait(head):
+            self._cut.add(head.id)  # its owner ended while it ran
         self.held = head
         for record in queued:
             if record.id not in local:
@@ -495,6 +491,7 @@ class Inbox:
 
 
 def _answered_wait(turn: TurnRecord) -> bool:
-    """A running turn whose waits all have their answers: nobody went on with it yet (the
-    instance that takes it up does, as the answers say), so no call of it was cut."""
-    return bool(turn.waits) and all(w.answered for w in turn.waits)
+    """A running turn whose waits all have their answers and that nobody went on with yet
+    (the instance that takes it up does, as the answers say): no call of it was cut."""
+    waits = turn.waits
+    return bool(waits) and all(w.answered and not w.taken for w in waits)

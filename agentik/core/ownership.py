@@ -69,6 +69,12 @@ class Ownership:
     def lost(self, conversation_id: str) -> None:
         """Another instance took the conversation over (a write was refused)."""
 
+    def inherited(self, conversation_id: str) -> bool:
+        """Once, after :meth:`take`: whether it took the conversation from an owner that
+        never gave it up (died, or hung past its heartbeat): what that one left is settled as
+        after a crash."""
+        return False
+
     def forget(self, conversation_id: str) -> None:
         """The conversation was deleted through this instance."""
 
@@ -128,8 +134,16 @@ class SharedOwnership(Ownership):
         self._asked: dict[str, asyncio.Future[bool]] = {}
         #: the beats share one connection: one at a time
         self._beat_lock = asyncio.Lock()
+        #: conversations taken from an owner that never gave them up, not settled yet
+        self._inherited: set[str] = set()
 
     def owns(self, conversation_id: str) -> bool:
+        return conversation_id in self.leases
+
+    def inherited(self, conversation_id: str) -> bool:
+        if conversation_id not in self._inherited:
+            return False
+        self._inherited.discard(conversation_id)
         return conversation_id in self.leases
 
     async def take(self, conversation_id: str) -> bool:
@@ -149,6 +163,8 @@ class SharedOwnership(Ownership):
         # owned from now on: not before its new ids (a send taken meanwhile would go the
         # owner's way with ids of the last owner's range)
         self.leases[conversation_id] = lease
+        if lease.inherited:
+            self._inherited.add(conversation_id)
         return True
 
     async def create(self, store: Store, info: ConversationInfo) -> None:
@@ -290,10 +306,7 @@ class SharedOwnership(Ownership):
             return 0
         if not await self.take(conversation_id):
             return 0  # another instance was first
-        # epoch 2 or more: it was taken from an owner that ended without a hand-over (not
-        # this instance's own lease, kept at its epoch)
-        unclean = not mine and self.leases[conversation_id].epoch > 1
-        return await conv.inbox.take_over(unclean=unclean)
+        return await conv.inbox.take_over(unclean=self.inherited(conversation_id))
 
     async def _end_temporaries(self) -> None:
         """The temporary conversations no live instance owns end (their creator was killed, or

@@ -4,6 +4,7 @@ comes; after a crash, the first call without a result may have started."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agentik.core import approvals
@@ -97,6 +98,11 @@ class ToolSteps:
         is idempotent; otherwise the model is told the call was cut."""
         agent = self.conv.agent
         answers = {w.call_id: w for w in turn.waits}
+        if answers and self.conv.ownership.shared and not any(w.taken for w in turn.waits):
+            # said before a call runs: an instance that takes the turn up after this one's
+            # end (a stop's hand-off too) cuts it, and runs no approved call twice
+            taken = tuple(replace(w, taken=True) for w in turn.waits)
+            await turn.write(self.conv.store, update=turn.move(TurnState.RUNNING, taken))
         cut, turn.cut = turn.cut, False  # the first open call after a crash
         results: list[LLMInput] = []
         while turn.calls:

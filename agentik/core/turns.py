@@ -77,17 +77,27 @@ class Wait:
     request: dict[str, Any] = field(default_factory=dict)
     answer: Any = None
     answered: bool = False
+    #: an instance went on with the answers (where instances share the store): a turn found
+    #: running with them had begun its calls, and is cut, not still to be taken up
+    taken: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"callId": self.call_id, "kind": self.kind, "request": self.request}
         if self.answered:
             out["answer"] = self.answer
+        if self.taken:
+            out["taken"] = True
         return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Wait:
         return cls(
-            raw["callId"], raw["kind"], raw.get("request") or {}, raw.get("answer"), "answer" in raw
+            raw["callId"],
+            raw["kind"],
+            raw.get("request") or {},
+            raw.get("answer"),
+            "answer" in raw,
+            bool(raw.get("taken")),
         )
 
 

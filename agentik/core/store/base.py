@@ -72,6 +72,9 @@ class Lease:
     conversation_id: str
     owner: str
     epoch: int
+    #: taken from another instance that never gave it up (it died, or hung past its
+    #: heartbeat): what that owner left is settled as after a crash
+    inherited: bool = False
 
 
 class SharedStore(Protocol):

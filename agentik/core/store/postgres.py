@@ -147,8 +147,10 @@ _HELD_ELSEWHERE = (
 _SERIALIZE = "SELECT 1 FROM conversation WHERE id = ? FOR NO KEY UPDATE"
 # a conversation's lease for ``owner``: kept (same epoch) if it is its already, taken (epoch + 1)
 # if free or if its owner's heartbeat expired; no row: a live instance holds it
+# (and the owner before: a statement's CTE reads the row as it was)
 _ACQUIRE = (
     """
+WITH before AS (SELECT owner FROM conversation_lease WHERE conversation_id = ?)
 INSERT INTO conversation_lease AS l (conversation_id, owner, epoch) VALUES (?, ?, 1)
 ON CONFLICT (conversation_id) DO UPDATE
 SET owner = EXCLUDED.owner,
@@ -158,7 +160,7 @@ WHERE l.owner = EXCLUDED.owner OR NOT EXISTS (
   OR pg_try_advisory_xact_lock("""
     + _LIVE_KEY.format("l.owner")
     + """)
-RETURNING epoch
+RETURNING epoch, (SELECT owner FROM before)
 """
 )
 _RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner = ? AND epoch = ?"
@@ -726,11 +728,16 @@ class PostgresStore(SqlStore):
         its owner's heartbeat expired: taken, the epoch one more), or None while another live
         instance holds it."""
 
-        def q() -> Lease | None:
-            row = self.db.execute(_ACQUIRE, (conversation_id, instance)).fetchone()
-            return None if row is None else Lease(conversation_id, instance, int(row[0]))
+        return await self.db.write(lambda: self._acquire(conversation_id, instance))
 
-        return await self.db.write(q)
+    def _acquire(self, conversation_id: str, instance: str) -> Lease | None:
+        """:meth:`acquire`, inside a write."""
+        params = (conversation_id, conversation_id, instance)
+        row = self.db.execute(_ACQUIRE, params).fetchone()
+        if row is None:
+            return None
+        inherited = row[1] is not None and row[1] != instance
+        return Lease(conversation_id, instance, int(row[0]), inherited)
 
     async def create_owned(self, info: ConversationInfo, instance: str) -> Lease:
         """Store a new conversation with its lease, ``instance``'s, in one transaction (a
@@ -738,8 +745,9 @@ class PostgresStore(SqlStore):
 
         def q() -> Lease:
             self._insert_conversation(info)
-            row = self.db.execute(_ACQUIRE, (info.id, instance)).fetchone()
-            return Lease(info.id, instance, int(row[0]))
+            lease = self._acquire(info.id, instance)
+            assert lease is not None  # a new conversation's lease is free
+            return lease
 
         return await self.db.write(q)
 
@@ -803,10 +811,9 @@ class PostgresStore(SqlStore):
             if row is None:
                 return None
             turn = self._turn_row(str(row[0]))
-            taken = self.db.execute(_ACQUIRE, (turn.user.conversation_id, instance)).fetchone()
-            if taken is None:  # its owner came back meanwhile
+            lease = self._acquire(turn.user.conversation_id, instance)
+            if lease is None:  # its owner came back meanwhile
                 return None
-            lease = Lease(turn.user.conversation_id, instance, int(taken[0]))
             self._move(turn.id, TurnUpdate(TurnState.RUNNING, turn.step))
             return replace(turn, state=TurnState.RUNNING), lease
 
