@@ -1049,3 +1049,55 @@ async def test_a_send_that_takes_a_killed_owners_conversation_settles_it_as_a_cr
     assert [m["type"] for m in items] == ["user", "user", "error", "assistant"], items
     assert items[2]["code"] == "restart" and text_of(items[-1]) == "echo: next"
     assert ("stuck", "B") not in room.ran
+
+
+async def test_a_live_instance_whose_connection_blipped_keeps_its_temporary_conversations(
+    instances,
+):
+    """The connection that holds A's liveness lock drops (a network blip: A beats again
+    within its lease): its lock looks free, but its heartbeat has not expired, so the job that
+    ends the temporary conversations of dead instances leaves A's alone."""
+    a_client, a = await instances("A", AGENTIK_LEASE_TTL="30")
+    _b_client, b = await instances("B", AGENTIK_LEASE_TTL="30")
+    r = await a_client.post("/agentik/conversations", json={"temp": True})
+    cid = (await r.json())["id"]
+    a.store.db._beating.terminate()  # A's lock goes with that session
+    await asyncio.sleep(0.1)
+    assert await b.store.end_temporaries() == []
+    assert await in_database(b, "SELECT count(*) FROM conversation WHERE id = ?", cid) == 1
+
+
+async def test_a_worker_a_database_error_stopped_is_started_again_by_the_sweep(instances):
+    """A turn waits for an approval on A. While the database is away a moment, a send through
+    B wakes A and A's interrupt of the waiting turn starts its worker: both reads of the store
+    fail, and the worker stops. No sweep of the store finds the conversation (its turn still
+    waits there), so A's own sweep starts the worker again from memory: the turn ends, and
+    the send runs."""
+    tools = Tools()
+    call = ToolCallRequest("c1", "guarded", json.dumps({"target": "moon"}))
+    plugins = [("tools", tools), ("approvals", __import__("agentik_approvals"))]
+    a_client, a = await instances("A", [call], plugins=plugins)
+    b_client, _b = await instances("B", plugins=plugins)
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "go")
+    conv = a.live_conversation(cid)
+    await wait_until(lambda: conv.inbox.held is not None and not conv.inbox.running)
+    store, read = conv.store, conv.store.open_turns
+    failed: list[str | None] = []
+
+    async def away(conversation_id: str | None = None) -> Any:
+        failed.append(conversation_id)
+        raise ConnectionError("the database is away")
+
+    store.open_turns = away  # type: ignore[method-assign]
+    try:
+        await send(b_client, cid, "after")  # queued behind the waiting turn; A is woken
+        await wait_until(lambda: failed and not conv.inbox.running)
+        r = await a_client.post(f"/agentik/conversations/{cid}/interrupt")
+        assert (await r.json())["interrupted"] is True
+        await wait_until(lambda: len(failed) >= 2 and not conv.inbox.running)
+    finally:
+        store.open_turns = read  # type: ignore[method-assign]
+    await a.ownership.sweep()
+    items = await replies(a_client, cid, 2)
+    assert texts(items)[-1] == ("assistant", "echo: after") and tools.ran == []

@@ -96,6 +96,12 @@ class Inbox:
     def running(self) -> bool:
         return self.worker is not None and not self.worker.done()
 
+    @property
+    def stalled(self) -> bool:
+        """Its worker stopped on a database error with the store still to take up (a waiting
+        turn an interrupt is ending, say, which no sweep of the store would find)."""
+        return self._reload and not self.running and not self.sending
+
     def check(self, content: Sequence[ContentPart]) -> None:
         """Refuse what the model cannot take, before anything is stored."""
         if not content:

@@ -282,6 +282,10 @@ class SharedOwnership(Ownership):
         behind (a release that failed): they are taken up from the store; not while a turn of
         theirs waits (what is queued behind it runs after its answer, which takes it up)."""
         count = 0
+        for conversation_id in list(self.leases):  # a worker a database error stopped (no query)
+            live = self.agent.live_conversation(conversation_id)
+            if live is not None and live.inbox.stalled:
+                live.inbox.refresh()
         for conversation_id, mine in await self.store.orphaned(self.instance):
             if self.agent.stopping:
                 break

@@ -170,20 +170,33 @@ _RELEASE = "DELETE FROM conversation_lease WHERE conversation_id = ? AND owner =
 _DELETE_LEASE = "DELETE FROM conversation_lease WHERE conversation_id = ?"
 # the temporary conversations no live instance owns (their lease free, or their owner gone),
 # deleted, with no turn to run (queued, or running: the sweeper takes those over)
-_END_TEMPORARY = (
-    """
-DELETE FROM conversation WHERE id IN (
-  SELECT tc.conversation_id FROM temporary_conversation tc
-  LEFT JOIN conversation_lease l ON l.conversation_id = tc.conversation_id
-  LEFT JOIN agentik_instance i ON i.id = l.owner
-  WHERE (l.owner IS NULL OR """
-    + _GONE
-    + """)
-    AND NOT EXISTS (SELECT 1 FROM turn t WHERE t.conversation_id = tc.conversation_id
-                    AND t.state IN ('queued', 'running'))
-) RETURNING id
+# the temporary conversations no live instance owns: their lease free, or their owner's
+# heartbeat over (not its lock: a live instance whose connection blipped looks gone by its lock
+# until it beats again, and a deletion is not undone as a sweep's take-over is)
+_ORPHAN_TEMPORARIES = """
+SELECT tc.conversation_id FROM temporary_conversation tc
+LEFT JOIN conversation_lease l ON l.conversation_id = tc.conversation_id
+LEFT JOIN agentik_instance i ON i.id = l.owner
+WHERE l.owner IS NULL OR i.expires_at IS NULL OR i.expires_at <= now()
 """
-)
+# then, in one transaction: their leases first (the order of a fenced write and a delete), the
+# conversations' rows locked (a send waits, then finds none), and in a statement of its own
+# (which sees the sends committed before the lock) those with no turn to run are deleted
+_END_LEASES = """
+DELETE FROM conversation_lease WHERE conversation_id = ANY(?::text[])
+  AND owner NOT IN (SELECT id FROM agentik_instance WHERE expires_at > now())
+"""
+_LOCK_UNOWNED = """
+SELECT c.id FROM conversation c WHERE c.id = ANY(?::text[])
+  AND NOT EXISTS (SELECT 1 FROM conversation_lease l WHERE l.conversation_id = c.id)
+FOR UPDATE OF c
+"""
+_END_TEMPORARY = """
+DELETE FROM conversation c WHERE c.id = ANY(?::text[])
+  AND NOT EXISTS (SELECT 1 FROM turn t WHERE t.conversation_id = c.id
+                  AND t.state IN ('queued', 'running'))
+RETURNING c.id
+"""
 # the oldest queued turn this instance may run: first of its conversation's queue, none of its
 # conversation's turns running or waiting, its conversation free, this instance's or its owner
 # gone; a row another claim has locked is skipped, not waited for
@@ -754,9 +767,20 @@ class PostgresStore(SqlStore):
     async def end_temporaries(self) -> list[str]:
         """Delete the temporary conversations no live instance owns and nothing is to run in
         (their creator was killed, or stopped); returns their ids."""
-        return await self.db.write(
-            lambda: [str(r[0]) for r in self.db.execute(_END_TEMPORARY).fetchall()]
+        orphans = await self.db.read(
+            lambda: [str(r[0]) for r in self.db.execute(_ORPHAN_TEMPORARIES).fetchall()]
         )
+        if not orphans:  # (the usual answer: one read every AGENTIK_LEASE_TTL)
+            return []
+
+        def q() -> list[str]:
+            self.db.execute(_END_LEASES, (orphans,))
+            locked = [str(r[0]) for r in self.db.execute(_LOCK_UNOWNED, (orphans,)).fetchall()]
+            if not locked:
+                return []
+            return [str(r[0]) for r in self.db.execute(_END_TEMPORARY, (locked,)).fetchall()]
+
+        return await self.db.write(q)
 
     async def release(self, lease: Lease) -> None:
         """Give a conversation up (a stop): another instance takes it without waiting for this
