@@ -1101,3 +1101,22 @@ async def test_a_worker_a_database_error_stopped_is_started_again_by_the_sweep(i
     await a.ownership.sweep()
     items = await replies(a_client, cid, 2)
     assert texts(items)[-1] == ("assistant", "echo: after") and tools.ran == []
+
+
+async def test_a_temporary_conversation_a_send_came_to_does_not_end(instances):
+    """A lets its temporary conversation go idle; a send through B was stored meanwhile (a
+    queued turn): the end deletes only A's lease, the acknowledged send stays and runs."""
+    a_client, a = await instances("A")
+    b_client, b = await instances("B")
+    r = await a_client.post("/agentik/conversations", json={"temp": True})
+    cid = (await r.json())["id"]
+    body = {"content": [{"type": "text", "body": "meanwhile"}], "context": {"origin": "user"}}
+    sent = Message(new_id("msg"), cid, "user", utcnow(), body)
+    await b.store.add_user_message(sent)  # B's send, stored before A's end
+    await a.forget_temporary(cid)  # what A's eviction of it runs
+    assert await in_database(b, "SELECT count(*) FROM conversation WHERE id = ?", cid) == 1
+    lease = "SELECT count(*) FROM conversation_lease WHERE conversation_id = ?"
+    assert await in_database(b, lease, cid) == 0
+    await b.ownership.sweep()  # (its wake was not sent here: the sweep finds it)
+    items = await replies(b_client, cid, 1)
+    assert texts(items) == [("user", "meanwhile"), ("assistant", "echo: meanwhile")]

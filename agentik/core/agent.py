@@ -573,8 +573,9 @@ class ChatAgent:
         return self.temp_store if temporary and not self.ownership.shared else self.store
 
     async def forget_temporary(self, conversation_id: str) -> None:
-        """A temporary conversation its owner let go idle ends: deleted."""
-        if await self.store_of(True).delete_conversation(conversation_id):
+        """A temporary conversation its owner let go idle ends: deleted (unless a send came
+        through another instance meanwhile: it lives on)."""
+        if await self.ownership.end_temporary(self.store_of(True), conversation_id):
             self.deleted(conversation_id)
 
     def deleted(self, conversation_id: str) -> None:

@@ -349,7 +349,8 @@ class ChatConversation(ConversationEvents):
         # nothing else keeps it: an idle temporary conversation ends here, on its owner (an
         # instance that only served it drops its copy)
         ends = self.is_temporal and self.ownership.owns(self.id)
-        self.ownership.release(self.id)
+        if not ends:  # (an ending one's lease goes with it, in one transaction)
+            self.ownership.release(self.id)
         self.log.close()
         if self.context.llm is not None:
             self.agent.jobs.spawn(f"release-llm:{self.id}", self.context.reset())

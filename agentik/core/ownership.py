@@ -69,6 +69,11 @@ class Ownership:
     def lost(self, conversation_id: str) -> None:
         """Another instance took the conversation over (a write was refused)."""
 
+    async def end_temporary(self, store: Store, conversation_id: str) -> bool:
+        """A temporary conversation this instance let go idle ends: deleted (True), unless a
+        turn came to run in it meanwhile."""
+        return await store.delete_conversation(conversation_id)
+
     def inherited(self, conversation_id: str) -> bool:
         """Once, after :meth:`take`: whether it took the conversation from an owner that
         never gave it up (died, or hung past its heartbeat): what that one left is settled as
@@ -139,6 +144,12 @@ class SharedOwnership(Ownership):
 
     def owns(self, conversation_id: str) -> bool:
         return conversation_id in self.leases
+
+    async def end_temporary(self, store: Store, conversation_id: str) -> bool:
+        lease = self.leases.pop(conversation_id, None)
+        if lease is None:  # taken over meanwhile: it lives on there
+            return False
+        return await self.store.end_temporary(lease)
 
     def inherited(self, conversation_id: str) -> bool:
         if conversation_id not in self._inherited:

@@ -191,6 +191,7 @@ SELECT c.id FROM conversation c WHERE c.id = ANY(?::text[])
   AND NOT EXISTS (SELECT 1 FROM conversation_lease l WHERE l.conversation_id = c.id)
 FOR UPDATE OF c
 """
+_LOCK_CONVERSATION = "SELECT 1 FROM conversation WHERE id = ? FOR UPDATE"
 _END_TEMPORARY = """
 DELETE FROM conversation c WHERE c.id = ANY(?::text[])
   AND NOT EXISTS (SELECT 1 FROM turn t WHERE t.conversation_id = c.id
@@ -761,6 +762,21 @@ class PostgresStore(SqlStore):
             lease = self._acquire(info.id, instance)
             assert lease is not None  # a new conversation's lease is free
             return lease
+
+        return await self.db.write(q)
+
+    async def end_temporary(self, lease: Lease) -> bool:
+        """Delete a temporary conversation its owner let go idle, and its lease, unless a turn
+        came to run in it meanwhile (a send through another instance): then only the lease
+        goes, and that send's wake takes the conversation up. In one transaction, as
+        end_temporaries: the lease, the row locked, the turns checked."""
+        cid = lease.conversation_id
+
+        def q() -> bool:
+            self.db.execute(_RELEASE, (cid, lease.owner, lease.epoch))
+            if self.db.execute(_LOCK_CONVERSATION, (cid,)).fetchone() is None:
+                return False  # deleted meanwhile
+            return bool(self.db.execute(_END_TEMPORARY, ([cid],)).fetchall())
 
         return await self.db.write(q)
 
