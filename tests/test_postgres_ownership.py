@@ -212,3 +212,20 @@ async def test_a_delete_and_a_fenced_write_lock_the_lease_in_one_order(stores, p
     finally:
         await writer.close()
     assert await a.get_conversation("c1") is None
+
+
+async def test_a_free_lock_counts_as_gone_only_where_locks_are_trusted(stores):
+    """The session that holds A's liveness lock ends while A's heartbeat is valid (its
+    process died, or the server restarted and A has not beaten yet): a take that trusts locks
+    takes A's lease; one made while the taker is quiet (its own connection was lost: every
+    instance looks gone by its lock until it beats again) does not."""
+    a, b = await stores(), await stores()
+    await a.create_conversation(conv("c1"))
+    await a.heartbeat("A", 30)
+    await b.heartbeat("B", 30)
+    assert await a.acquire("c1", "A") is not None
+    a.db._beating.terminate()  # A's lock goes with that session
+    await asyncio.sleep(0.1)
+    assert await b.acquire("c1", "B", by_lock=False) is None  # A's heartbeat is valid
+    taken = await b.acquire("c1", "B")
+    assert taken is not None and taken.epoch == 2 and taken.inherited

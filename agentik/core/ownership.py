@@ -163,7 +163,9 @@ class SharedOwnership(Ownership):
         if conversation_id in self.leases:
             return True
         try:
-            lease = await self.store.acquire(conversation_id, self.instance)
+            # (while quiet every live instance looks gone by its lock: by its heartbeat only)
+            by_lock = time.monotonic() >= self._quiet_until
+            lease = await self.store.acquire(conversation_id, self.instance, by_lock=by_lock)
         except peewee.IntegrityError:  # the conversation was deleted meanwhile
             return False
         if lease is None:

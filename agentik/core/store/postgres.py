@@ -157,9 +157,9 @@ SET owner = EXCLUDED.owner,
     epoch = l.epoch + CASE WHEN l.owner = EXCLUDED.owner THEN 0 ELSE 1 END
 WHERE l.owner = EXCLUDED.owner OR NOT EXISTS (
     SELECT 1 FROM agentik_instance i WHERE i.id = l.owner AND i.expires_at > now())
-  OR pg_try_advisory_xact_lock("""
+  OR (?::boolean AND pg_try_advisory_xact_lock("""
     + _LIVE_KEY.format("l.owner")
-    + """)
+    + """))
 RETURNING epoch, (SELECT owner FROM before)
 """
 )
@@ -737,16 +737,20 @@ class PostgresStore(SqlStore):
         which freed every instance's lock)."""
         return await self.db.beat(_HEARTBEAT, (instance, ttl), instance)
 
-    async def acquire(self, conversation_id: str, instance: str) -> Lease | None:
+    async def acquire(
+        self, conversation_id: str, instance: str, *, by_lock: bool = True
+    ) -> Lease | None:
         """The conversation's lease for ``instance`` (its own again: the same epoch; free or
         its owner's heartbeat expired: taken, the epoch one more), or None while another live
-        instance holds it."""
+        instance holds it. ``by_lock``: an owner whose session lock is free is gone too (its
+        process died); not after this instance lost its connection (a restart of the server
+        frees every instance's lock until it beats again)."""
 
-        return await self.db.write(lambda: self._acquire(conversation_id, instance))
+        return await self.db.write(lambda: self._acquire(conversation_id, instance, by_lock))
 
-    def _acquire(self, conversation_id: str, instance: str) -> Lease | None:
+    def _acquire(self, conversation_id: str, instance: str, by_lock: bool = True) -> Lease | None:
         """:meth:`acquire`, inside a write."""
-        params = (conversation_id, conversation_id, instance)
+        params = (conversation_id, conversation_id, instance, by_lock)
         row = self.db.execute(_ACQUIRE, params).fetchone()
         if row is None:
             return None
