@@ -20,7 +20,7 @@ from agentik.core.testing import ScriptedConversation, ScriptedLLM, make_app
 from agentik.core.tools import tool
 from agentik.core.types import AgentEvent, Message
 from agentik.hookspecs import hookimpl
-from tests.conftest import wait_until
+from tests.conftest import read_sse, wait_until
 
 TEXT = {"content": [{"type": "text", "body": "hi"}]}
 
@@ -1120,3 +1120,26 @@ async def test_a_temporary_conversation_a_send_came_to_does_not_end(instances):
     await b.ownership.sweep()  # (its wake was not sent here: the sweep finds it)
     items = await replies(b_client, cid, 1)
     assert texts(items) == [("user", "meanwhile"), ("assistant", "echo: meanwhile")]
+
+
+async def test_a_send_that_takes_a_killed_owners_idle_conversation_runs(instances):
+    """A ran a turn and holds the conversation idle; it is killed. A send through B takes the
+    conversation from the dead owner (settled as after a crash), but the send is B's own: it
+    runs, even with AGENTIK_RESUME_TURNS=0 and AGENTIK_RESUME_QUEUED=0 (no restart error for
+    a send the dead owner never had), and readers get no Gap (nothing of it was cut)."""
+    a_client, a = await instances("A", AGENTIK_LEASE_TTL="60")
+    off = {"AGENTIK_RESUME_TURNS": "0", "AGENTIK_RESUME_QUEUED": "0"}
+    b_client, _b = await instances("B", AGENTIK_LEASE_TTL="60", **off)
+    cid = await new_conversation(a_client)
+    await send(a_client, cid, "first")
+    await replies(a_client, cid, 1)
+    a.store.db.terminate()  # the process dies: nothing more of it reaches the server
+    for task in a.jobs._periodic:
+        task.cancel()
+    events = await b_client.get(f"/agentik/conversations/{cid}/events")
+    await send(b_client, cid, "second")
+    frames = await read_sse(events)
+    events.close()
+    assert "Gap" not in [f["event"] for f in frames]
+    items = await replies(b_client, cid, 2)
+    assert texts(items)[-1] == ("assistant", "echo: second"), items

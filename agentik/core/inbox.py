@@ -77,6 +77,9 @@ class Inbox:
         self._nudge = False  # ... that this instance stored: its owner must hear of them
         #: the sweeper took the lease from an owner that is gone: the worker's next take-up
         #: applies the resume rules first (True: that owner ended without a hand-over)
+        #: sends stored through this instance while another owned the conversation: a
+        #: take-over's resume rules leave them alone (the last owner never had them)
+        self._sent_here: set[str] = set()
         self._settle: bool | None = None
         #: the turn the worker took to run now (it may not be recorded running yet)
         self.taken: str | None = None
@@ -168,6 +171,7 @@ class Inbox:
             conv.agent.observers.accepted(conv, record.user)
         if not conv.ownership.owns(conv.id):
             # another instance may run this conversation: its owner announces and runs it
+            self._sent_here.add(record.id)
             self.refresh(nudge=True)
             return record.user
         self.queue.append(record)
@@ -231,6 +235,7 @@ class Inbox:
                         ownership.wake(conv.id)
                     self._reload = self._nudge = False
                     self.queue.clear()
+                    self._sent_here.clear()
                     self.held = None
                     self._cut.clear()
                     return
@@ -295,11 +300,12 @@ class Inbox:
         turns = await conv.store.open_turns(conv.id)
         died = bool(self._settle)  # its last owner ended without handing it over
         if self._settle is not None:  # taken over by the sweeper
-            if died and turns and turns[0].state is not TurnState.WAITING:
+            if died and turns and self._may_have_run(turns[0]):
                 # its last owner died as it may have run it: what it streamed last is lost
                 await conv.log.producer_died(turns[0].id)
             turns = await self._settle_turns(turns, self._settle)
             self._settle = None
+        self._sent_here.clear()
         stored = {t.id for t in turns}
         local = {r.id for r in self.queue}
         # sends taken here during the read come after; those that were queued here and are
@@ -338,10 +344,21 @@ class Inbox:
         kept: list[TurnRecord] = []
         ended: list[TurnRecord] = []
         for i, t in enumerate(turns):
+            if t.id in self._sent_here:  # sent since, not left by the last owner
+                kept.append(t)
+                continue
             ran = t.state is TurnState.RUNNING or (i == 0 and unclean)
             resumed = agent.resume_turns if ran else agent.resume_queued
             (kept if t.state is TurnState.WAITING or resumed else ended).append(t)
         return kept, ended
+
+    def _may_have_run(self, turn: TurnRecord) -> bool:
+        """Whether an owner that died may have been running ``turn`` (the store's first open
+        one): running and not just answered, or queued (a turn is recorded running only at
+        its first step) and not sent through this instance since."""
+        if turn.state is TurnState.QUEUED:
+            return turn.id not in self._sent_here
+        return turn.state is TurnState.RUNNING and not _answered_wait(turn)
 
     def interrupt(self, turn_id: str | None = None) -> bool:
         """Stop the running turn, or end the waiting one; queued sends still run. With
