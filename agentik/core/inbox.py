@@ -75,11 +75,11 @@ class Inbox:
         self._answering = asyncio.Lock()
         self._reload = False  # the store holds turns of it this inbox has not taken up
         self._nudge = False  # ... that this instance stored: its owner must hear of them
-        #: the sweeper took the lease from an owner that is gone: the worker's next take-up
-        #: applies the resume rules first (True: that owner ended without a hand-over)
         #: sends stored through this instance while another owned the conversation: a
         #: take-over's resume rules leave them alone (the last owner never had them)
         self._sent_here: set[str] = set()
+        #: the lease was taken from another owner: the worker's next take-up applies the
+        #: resume rules first (True: that owner ended without a hand-over)
         self._settle: bool | None = None
         #: the turn the worker took to run now (it may not be recorded running yet)
         self.taken: str | None = None
@@ -299,7 +299,7 @@ class Inbox:
         before = {r.id for r in self.queue}
         turns = await conv.store.open_turns(conv.id)
         died = bool(self._settle)  # its last owner ended without handing it over
-        if self._settle is not None:  # taken over by the sweeper
+        if self._settle is not None:  # taken over (by the sweep, or a take here)
             if died and turns and self._may_have_run(turns[0]):
                 # its last owner died as it may have run it: what it streamed last is lost
                 await conv.log.producer_died(turns[0].id)
